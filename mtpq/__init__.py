@@ -1,0 +1,1 @@
+"""mtpq: a patch series that makes MTP speculative decoding work on quantized checkpoints."""

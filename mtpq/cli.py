@@ -1,0 +1,136 @@
+"""Command line of apply.py."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mtpq import gittree, installed, status
+from mtpq.download import DownloadError
+from mtpq.pin import load_pin
+from mtpq.series import PATCHES_DIR, SeriesError, load_series
+
+EXIT_CONFLICT = 1
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="apply.py",
+        description=(
+            "Apply the mtpq patch series to vLLM. With no source: download the pinned sdist "
+            "(sha256-verified, cached), make it a git tree and apply the series there."
+        ),
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--vllm-src", type=Path, metavar="DIR", help="a clean vLLM git checkout to apply onto")
+    where.add_argument(
+        "--installed", action="store_true", help="patch the vLLM installed in --python's environment"
+    )
+    parser.add_argument("--python", default=sys.executable, help="interpreter whose vLLM --installed patches")
+    action = parser.add_mutually_exclusive_group()
+    action.add_argument("--check", action="store_true", help="dry run: print the table, change nothing")
+    action.add_argument(
+        "--verify", action="store_true", help="with --installed: succeed only if the series is in place"
+    )
+    action.add_argument("--revert", action="store_true", help="with --installed: restore the original files")
+    action.add_argument(
+        "--export", action="store_true", help="regenerate patches/ from the commits on --vllm-src"
+    )
+    parser.add_argument("--branch", help="branch for the series (default mtpq/v<version>)")
+    parser.add_argument(
+        "--rebase",
+        action="store_true",
+        help="allow another vLLM version and stop mid-`git am` on a conflict, for resolving",
+    )
+    parser.add_argument(
+        "--base", help="with --export: the upstream commit the series sits on (default: nearest tag)"
+    )
+    parser.add_argument(
+        "--patches", type=Path, default=PATCHES_DIR, help="the series directory (default: %(default)s)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if (args.verify or args.revert) and not args.installed:
+        parser.error("--verify and --revert need --installed")
+    if args.export and not args.vllm_src:
+        parser.error("--export needs --vllm-src (the branch holding the resolved series)")
+    try:
+        return _run(args)
+    except (gittree.TreeError, SeriesError, DownloadError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _run(args: argparse.Namespace) -> int:
+    pin = load_pin()
+    series = load_series(args.patches)
+    if args.installed:
+        return _run_installed(args, pin, series)
+    if args.vllm_src is None:
+        tree = gittree.pinned_tree(pin)
+        repo = gittree.open_repo(tree)
+        gittree.reset_pinned_branch(repo, pin)
+    else:
+        tree = args.vllm_src
+        repo = gittree.open_repo(tree)
+        if args.export:
+            exported = gittree.export_series(repo, args.base, series.directory)
+            count = len(exported.patches)
+            print(f"exported {count} patch(es) to {exported.directory} (series {exported.series_id})")
+            return 0
+        gittree.check_version(repo, pin, allow_other=args.rebase)
+    branch = args.branch or pin.branch
+    if args.check:
+        gittree.check_clean(repo)
+        results = gittree.plan(repo, series)
+    else:
+        results = gittree.apply_series(repo, series, branch, keep_conflict=args.rebase)
+    title = f"mtpq series {series.series_id} on vLLM at {tree}" + (
+        "" if args.check else f" (branch {branch})"
+    )
+    print(status.format_table(title, results))
+    if status.all_ok(results):
+        print(tree)
+        return 0
+    _explain_conflict(tree, args.rebase)
+    return EXIT_CONFLICT
+
+
+def _explain_conflict(tree: Path, kept: bool) -> None:
+    if kept:
+        print(
+            f"Stopped mid-`git am` in {tree}: resolve the files, `git add` them, `git am --continue`, "
+            f"then `python apply.py --vllm-src {tree} --export` to rewrite patches/.",
+            file=sys.stderr,
+        )
+    else:
+        print(
+            f"Nothing was changed in {tree}. To resolve: re-run with --rebase to stop at the "
+            f"conflict on the series branch, fix it, `git am --continue`, then --export.",
+            file=sys.stderr,
+        )
+
+
+def _run_installed(args: argparse.Namespace, pin, series) -> int:
+    installation = installed.find_installation(args.python)
+    installed.check_installed_version(installation, pin)
+    if args.revert:
+        restored = installed.revert_installed(installation)
+        print(
+            f"restored {len(restored)} file(s) in {installation.package_dir}"
+            if restored
+            else "nothing to revert"
+        )
+        return 0
+    if args.verify:
+        results = installed.verify_installed(installation, series)
+    else:
+        results = installed.apply_installed(installation, series, dry_run=args.check)
+    print(status.format_table(f"mtpq series {series.series_id} in {installation.package_dir}", results))
+    return 0 if status.all_ok(results) else EXIT_CONFLICT

@@ -1,0 +1,116 @@
+"""Fetch pinned artifacts from a PyPI simple index, sha256-verified, into a user cache."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from html.parser import HTMLParser
+from pathlib import Path
+
+from mtpq.pin import Artifact
+
+DEFAULT_INDEX_URL = "https://pypi.org/simple"
+CHUNK = 1 << 20
+
+
+class DownloadError(RuntimeError):
+    pass
+
+
+def cache_root() -> Path:
+    """$MTPQ_CACHE_DIR, else $XDG_CACHE_HOME/mtpq, else ~/.cache/mtpq."""
+    if explicit := os.environ.get("MTPQ_CACHE_DIR"):
+        return Path(explicit)
+    xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(xdg) / "mtpq"
+
+
+def index_url() -> str:
+    return os.environ.get("MTPQ_INDEX_URL", DEFAULT_INDEX_URL).rstrip("/")
+
+
+def sha256_of(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as stream:
+        while chunk := stream.read(CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class _AnchorParser(HTMLParser):
+    """Collects href targets of a PEP 503 project page."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.hrefs: list[str] = []
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        if tag == "a":
+            self.hrefs += [value for name, value in attrs if name == "href" and value]
+
+
+def _project_file_urls(project: str) -> dict[str, str]:
+    """filename -> absolute URL, from the index's page for `project` (PEP 691 JSON or PEP 503)."""
+    page_url = f"{index_url()}/{project}/"
+    request = urllib.request.Request(
+        page_url,
+        headers={"Accept": "application/vnd.pypi.simple.v1+json, text/html;q=0.1"},
+    )
+    with urllib.request.urlopen(request, timeout=60) as response:
+        body = response.read().decode()
+    if body.lstrip().startswith("{"):
+        return {f["filename"]: urllib.parse.urljoin(page_url, f["url"]) for f in json.loads(body)["files"]}
+    parser = _AnchorParser()
+    parser.feed(body)
+    urls = {}
+    for href in parser.hrefs:
+        absolute = urllib.parse.urljoin(page_url, href)
+        filename = urllib.parse.unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[-1])
+        urls[filename] = absolute.split("#", 1)[0]
+    return urls
+
+
+def fetch(artifact: Artifact) -> Path:
+    """Return a cached, verified copy of `artifact`, downloading it if needed.
+
+    A download whose sha256 differs from the pin is refused and nothing is kept.
+    """
+    target = cache_root() / "downloads" / artifact.filename
+    if target.exists():
+        if sha256_of(target) == artifact.sha256:
+            return target
+        target.unlink()  # a damaged cache entry is ours to replace
+    try:
+        url = _project_file_urls(artifact.project).get(artifact.filename)
+        if url is None:
+            raise DownloadError(f"{artifact.filename} is not listed on {index_url()}/{artifact.project}/")
+        target.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".part-", delete=False) as part:
+            part_path = Path(part.name)
+            try:
+                digest = hashlib.sha256()
+                with urllib.request.urlopen(url, timeout=120) as response:
+                    while chunk := response.read(CHUNK):
+                        digest.update(chunk)
+                        part.write(chunk)
+                part.close()
+                if digest.hexdigest() != artifact.sha256:
+                    raise DownloadError(
+                        f"sha256 mismatch for {artifact.filename} from {url}: "
+                        f"got {digest.hexdigest()}, VLLM_VERSION pins {artifact.sha256}; refusing it"
+                    )
+                part_path.replace(target)
+            finally:
+                part_path.unlink(missing_ok=True)
+    except (urllib.error.URLError, OSError) as error:
+        raise DownloadError(
+            f"cannot download {artifact.filename} from {index_url()} ({error}); "
+            f"no verified copy in {target.parent}. Connect to the network, set MTPQ_INDEX_URL "
+            f"to a mirror, or place the file there."
+        ) from error
+    return target

@@ -1,0 +1,282 @@
+"""Apply, check and export the series on a vLLM git checkout.
+
+Every run first plans the whole series in a throw-away index (`GIT_INDEX_FILE`), so a
+conflict is found before the user's tree, branch or index is touched. Only a plan in which
+every patch applies is then committed with `git am`, one commit per patch.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from mtpq import status
+from mtpq.download import cache_root, fetch
+from mtpq.pin import Pin, release_in
+from mtpq.series import Series, load_series, parse_patch
+from mtpq.status import PatchResult
+
+# Fixed identity and date for commits mtpq makes itself, so the same inputs give the same ids.
+MTPQ_IDENT = {
+    "GIT_AUTHOR_NAME": "mtpq",
+    "GIT_AUTHOR_EMAIL": "mtpq@localhost",
+    "GIT_COMMITTER_NAME": "mtpq",
+    "GIT_COMMITTER_EMAIL": "mtpq@localhost",
+    "GIT_AUTHOR_DATE": "2000-01-01T00:00:00Z",
+    "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
+}
+_FAILED_PATH = re.compile(r"^error: (?:patch failed: )?(.+?)(?::\d+)?(?:: .*)?$", re.MULTILINE)
+
+
+class TreeError(RuntimeError):
+    """A tree mtpq refuses to work on; nothing was changed."""
+
+
+def _git_module():
+    if shutil.which("git") is None:
+        raise TreeError("git is not installed or not on PATH; install git and run again")
+    import git  # GitPython refuses to import without a git executable
+
+    return git
+
+
+def open_repo(path: Path):
+    git = _git_module()
+    if not (path / "vllm" / "__init__.py").is_file():
+        raise TreeError(f"{path} is not a vLLM source tree (no vllm/__init__.py)")
+    try:
+        repo = git.Repo(path)
+    except (git.InvalidGitRepositoryError, git.NoSuchPathError):
+        raise TreeError(
+            f"{path} is a vLLM tree but not a git repository; mtpq commits each patch, so it needs "
+            f"one. Either run `git init && git add -A && git commit -m 'vLLM baseline'` there "
+            f"first, or patch an installed vLLM with `apply.py --installed`."
+        ) from None
+    if Path(repo.working_tree_dir).resolve() != path.resolve():
+        raise TreeError(f"{path} is inside the git repository {repo.working_tree_dir}, not its top level")
+    return repo
+
+
+def tree_version(repo) -> str:
+    """The vLLM release a checkout is based on: vllm/_version.py, else the nearest tag."""
+    if release := release_in(Path(repo.working_tree_dir) / "vllm"):
+        return release
+    try:
+        return repo.git.describe("--tags", "--abbrev=0").removeprefix("v")
+    except _git_module().GitCommandError:
+        raise TreeError(
+            f"cannot tell which vLLM version {repo.working_tree_dir} is: no vllm/_version.py and no tag"
+        ) from None
+
+
+def check_version(repo, pin: Pin, allow_other: bool) -> None:
+    found = tree_version(repo)
+    if found != pin.version and not allow_other:
+        raise TreeError(
+            f"this series targets vLLM {pin.version}, but {repo.working_tree_dir} is vLLM {found}. "
+            f"To carry the series to {found}, run with --rebase, resolve any conflicts, then --export "
+            f"(README: 'Carrying the series to a newer vLLM')."
+        )
+
+
+def check_clean(repo) -> None:
+    git_dir = Path(repo.git_dir)
+    for marker in ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD"):
+        if (git_dir / marker).exists():
+            raise TreeError(
+                f"{repo.working_tree_dir} has a git operation in progress ({marker}); "
+                "finish or abort it first"
+            )
+    dirty = repo.git.status("--porcelain").splitlines()
+    if dirty:
+        shown = "\n  ".join(dirty[:10]) + ("\n  ..." if len(dirty) > 10 else "")
+        raise TreeError(
+            f"{repo.working_tree_dir} has uncommitted changes; commit or stash them first "
+            f"(nothing was changed):\n  {shown}"
+        )
+
+
+@contextmanager
+def _scratch_index(repo) -> Iterator[dict[str, str]]:
+    """An environment whose git index is a private copy of HEAD's tree."""
+    with tempfile.TemporaryDirectory(prefix="mtpq-index-") as scratch:
+        env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
+        repo.git.read_tree("HEAD", env=env)
+        yield env
+
+
+def _applies(repo, patch: Path, *flags: str, env: dict[str, str]) -> tuple[bool, str]:
+    try:
+        repo.git.apply("--cached", *flags, str(patch), env=env)
+        return True, ""
+    except _git_module().GitCommandError as error:
+        return False, str(error.stderr)
+
+
+def plan(repo, series: Series) -> list[PatchResult]:
+    """What applying the series on HEAD would do, without touching the tree or its index."""
+    results: list[PatchResult] = []
+    with _scratch_index(repo) as env:
+        for patch in series.patches:
+            if results and not results[-1].ok:
+                results.append(PatchResult(patch.name, status.NOT_TRIED))
+                continue
+            if _applies(repo, patch.path, "--reverse", "--check", env=env)[0]:
+                results.append(PatchResult(patch.name, status.ALREADY_UPSTREAM))
+                continue
+            clean, stderr = _applies(repo, patch.path, env=env)
+            if clean:
+                results.append(PatchResult(patch.name, status.APPLIED))
+                continue
+            merged, merge_stderr = _applies(repo, patch.path, "--3way", env=env)
+            if merged:
+                results.append(PatchResult(patch.name, status.APPLIED_3WAY))
+                continue
+            unmerged = repo.git.ls_files("--unmerged", env=env).splitlines()
+            files = {line.split("\t", 1)[1] for line in unmerged}
+            files |= {path for path in _FAILED_PATH.findall(stderr + merge_stderr) if path in patch.files}
+            results.append(PatchResult(patch.name, status.CONFLICT, files=sorted(files) or list(patch.files)))
+    return results
+
+
+def _committer_env(repo) -> dict[str, str]:
+    """git am needs a committer identity; lend mtpq's only where the user has none."""
+    reader = repo.config_reader()
+    if reader.has_option("user", "name") and reader.has_option("user", "email"):
+        return {}
+    return {key: value for key, value in MTPQ_IDENT.items() if key.startswith("GIT_COMMITTER_")}
+
+
+def _restore(repo, start_branch: str | None, start_commit: str, created_branch: str | None) -> None:
+    if (Path(repo.git_dir) / "rebase-apply").exists():
+        repo.git.am("--abort")
+    repo.git.checkout("--force", start_branch or start_commit)
+    if created_branch:
+        repo.git.branch("-D", created_branch)
+
+
+def apply_series(repo, series: Series, branch: str, keep_conflict: bool = False) -> list[PatchResult]:
+    """Commit the series onto `branch` (created from HEAD unless it is the current branch).
+
+    On a conflict the tree is left exactly as found, unless `keep_conflict` asks to stop
+    mid-`git am` on the branch so the user can resolve it.
+    """
+    check_clean(repo)
+    results = plan(repo, series)
+    if not status.all_ok(results) and not keep_conflict:
+        return results
+    queue = [p for p, r in zip(series.patches, results, strict=True) if r.status != status.ALREADY_UPSTREAM]
+
+    start_branch = None if repo.head.is_detached else repo.active_branch.name
+    start_commit = repo.head.commit.hexsha
+    created_branch = None
+    if start_branch != branch:
+        if branch in [head.name for head in repo.heads]:
+            raise TreeError(
+                f"branch {branch} already exists in {repo.working_tree_dir}; check it out to re-run "
+                f"on it, delete it, or pass --branch NAME"
+            )
+        repo.git.checkout("-b", branch)
+        created_branch = branch
+    if not queue:
+        return results
+    try:
+        repo.git.am(
+            "--3way",
+            "--keep-non-patch",
+            "--committer-date-is-author-date",
+            *[str(p.path) for p in queue],
+            env=_committer_env(repo),
+        )
+    except _git_module().GitCommandError as error:
+        if keep_conflict:
+            return results
+        # `git am` numbers its queue from 1 in rebase-apply/next: that is the patch it stopped on.
+        stopped_at = int((Path(repo.git_dir) / "rebase-apply" / "next").read_text()) - 1
+        _restore(repo, start_branch, start_commit, created_branch)
+        failed = next(r for r in results if r.name == queue[stopped_at].name)
+        failed.status, failed.reason = status.FAILED, str(error.stderr).strip() or "git am failed"
+    return results
+
+
+def export_series(repo, base: str | None, directory: Path) -> Series:
+    """Rewrite `directory` (patch files and series) from the commits base..HEAD.
+
+    A commit whose subject matches a patch already in the series keeps that file's name.
+    """
+    if base is None:
+        base = repo.git.describe("--tags", "--abbrev=0")
+    old = load_series(directory)
+    old_by_subject = {patch.subject: patch.name for patch in old.patches}
+    with tempfile.TemporaryDirectory(prefix="mtpq-export-") as scratch:
+        exported = repo.git.format_patch(
+            "--no-signature", "--zero-commit", "--full-index", "-o", scratch, f"{base}..HEAD"
+        ).splitlines()
+        if not exported:
+            raise TreeError(
+                f"no commits between {base} and HEAD in {repo.working_tree_dir}; nothing to export"
+            )
+        fresh = [parse_patch(Path(path)) for path in exported]
+        names = [old_by_subject.get(patch.subject, patch.name) for patch in fresh]
+        for patch in old.patches:
+            patch.path.unlink()
+        for patch, name in zip(fresh, names, strict=True):
+            shutil.copyfile(patch.path, directory / name)
+    _rewrite_series_file(directory / "series", names)
+    return load_series(directory)
+
+
+def _rewrite_series_file(series_file: Path, names: list[str]) -> None:
+    """Fill the file's entry lines with `names` in order, keeping its comments and blank lines."""
+    remaining = iter(names)
+    lines = []
+    for line in series_file.read_text().splitlines():
+        if not line.strip() or line.lstrip().startswith("#"):
+            lines.append(line)
+        elif (name := next(remaining, None)) is not None:
+            lines.append(name)
+    lines += list(remaining)
+    series_file.write_text("\n".join(lines) + "\n")
+
+
+def _safe_extract(archive: tarfile.TarFile, destination: Path) -> None:
+    if hasattr(tarfile, "data_filter"):
+        archive.extractall(destination, filter="data")
+        return
+    for member in archive.getmembers():
+        target = (destination / member.name).resolve()
+        if not str(target).startswith(str(destination.resolve())) or member.issym() or member.islnk():
+            raise TreeError(f"refusing unsafe sdist member {member.name}")
+    archive.extractall(destination)
+
+
+def pinned_tree(pin: Pin) -> Path:
+    """A git repository of the pinned sdist (tag v<version> on the baseline), built once and cached."""
+    root = cache_root() / "src" / f"vllm-{pin.version}"
+    if (root / ".git").is_dir():
+        return root
+    git = _git_module()
+    sdist = fetch(pin.artifacts["sdist"])
+    root.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=root.parent, prefix=".unpack-") as scratch:
+        with tarfile.open(sdist) as archive:
+            _safe_extract(archive, Path(scratch))
+        (unpacked,) = Path(scratch).iterdir()
+        repo = git.Repo.init(unpacked, initial_branch="main")
+        repo.git.add("--all", "--force")
+        message = f"vLLM {pin.version} (PyPI sdist, sha256 {pin.artifacts['sdist'].sha256})"
+        repo.git.commit("--quiet", "--no-verify", "-m", message, env=MTPQ_IDENT)
+        repo.git.tag(pin.tag)
+        unpacked.rename(root)
+    return root
+
+
+def reset_pinned_branch(repo, pin: Pin) -> None:
+    """The managed tree is rebuilt on every run: the series branch restarts from the baseline tag."""
+    check_clean(repo)
+    repo.git.checkout("--quiet", "-B", pin.branch, pin.tag)

@@ -1,0 +1,48 @@
+"""Per-patch results and the status table every mode prints."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+APPLIED = "applied"
+APPLIED_3WAY = "applied (3-way)"
+ALREADY_UPSTREAM = "already upstream"
+ALREADY_APPLIED = "already applied"
+CONFLICT = "conflict"
+FAILED = "failed"
+NOT_TRIED = "not tried"
+SUCCESSES = (APPLIED, APPLIED_3WAY, ALREADY_UPSTREAM, ALREADY_APPLIED)
+
+
+@dataclass
+class PatchResult:
+    name: str
+    status: str
+    files: list[str] = field(default_factory=list)
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status in SUCCESSES
+
+    def describe(self) -> str:
+        if self.status == CONFLICT:
+            return f"{CONFLICT}: {', '.join(self.files)}"
+        if self.status == FAILED:
+            return f"{FAILED}: {self.reason}"
+        return self.status
+
+
+def all_ok(results: list[PatchResult]) -> bool:
+    return all(result.ok for result in results)
+
+
+def format_table(title: str, results: list[PatchResult]) -> str:
+    width = max((len(r.name) for r in results), default=0)
+    lines = [title]
+    lines += [f"  {r.name:<{width}}  {r.describe()}" for r in results]
+    counts = Counter(r.status for r in results)
+    summary = ", ".join(f"{count} {status}" for status, count in counts.items())
+    lines.append(f"{summary or 'nothing to do'}; {len(results)} patch(es) total")
+    return "\n".join(lines)

@@ -1,0 +1,143 @@
+"""Shared fixtures: the pinned tree, scratch clones of it, apply.py runs and vLLM probes."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTS = ROOT / "tests"
+sys.path.insert(0, str(ROOT))
+
+from mtpq import gittree, installed  # noqa: E402
+from mtpq.pin import load_pin  # noqa: E402
+from mtpq.series import load_series  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def pin():
+    return load_pin()
+
+
+@pytest.fixture(scope="session")
+def series():
+    return load_series()
+
+
+@pytest.fixture(scope="session")
+def pinned_tree(pin) -> Path:
+    """The cached git repository of the pinned sdist (baseline commit tagged v<version>)."""
+    return gittree.pinned_tree(pin)
+
+
+def git(tree: Path, *args: str, **kwargs) -> str:
+    return subprocess.run(
+        ["git", "-C", str(tree), *args], check=True, capture_output=True, text=True, **kwargs
+    ).stdout.strip()
+
+
+@pytest.fixture
+def scratch_tree(pinned_tree, pin, tmp_path) -> Path:
+    """A private clone of the pinned tree, on branch `main` at the baseline tag."""
+    tree = tmp_path / "vllm"
+    git(pinned_tree, "clone", "--quiet", "--branch", pin.tag, str(pinned_tree), str(tree))
+    git(tree, "checkout", "--quiet", "-b", "main")
+    return tree
+
+
+@dataclass(frozen=True)
+class TreeState:
+    head: str
+    branch: str
+    porcelain: str
+    worktree: str  # tree id of every non-ignored file as it is on disk
+    branches: str
+
+
+def tree_state(tree: Path, tmp_path: Path) -> TreeState:
+    index = {"GIT_INDEX_FILE": str(tmp_path / "snapshot-index")}
+    env = {**os.environ, **index}
+    git(tree, "add", "--all", "--force", env=env)
+    return TreeState(
+        head=git(tree, "rev-parse", "HEAD"),
+        branch=git(tree, "rev-parse", "--abbrev-ref", "HEAD"),
+        porcelain=git(tree, "status", "--porcelain"),
+        worktree=git(tree, "write-tree", env=env),
+        branches=git(tree, "branch", "--list"),
+    )
+
+
+@pytest.fixture
+def snapshot(tmp_path):
+    return lambda tree: tree_state(tree, tmp_path)
+
+
+@pytest.fixture(scope="session")
+def run_apply():
+    """Run apply.py as a user would; returns the CompletedProcess (text, both streams)."""
+
+    def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            [sys.executable, str(ROOT / "apply.py"), *args],
+            capture_output=True,
+            text=True,
+            env={**os.environ, **(env or {})},
+        )
+
+    return run
+
+
+VARIANTS = ("unpatched", "patched")
+
+
+@pytest.fixture(scope="session")
+def unpatched_vllm() -> Path:
+    """The engine wheel's vllm package, untouched; put first on PYTHONPATH to run unpatched."""
+    if explicit := os.environ.get("MTPQ_UNPATCHED_VLLM"):
+        return Path(explicit)
+    sys.path.insert(0, str(TESTS))
+    from run import ensure_unpatched_vllm
+
+    return ensure_unpatched_vllm()
+
+
+@pytest.fixture(scope="session")
+def vllm_probe(series, unpatched_vllm):
+    """Run tests/probes/<name>.py under the patched or unpatched vLLM; return its JSON verdict.
+
+    The patched vLLM is this interpreter's site-packages (patched by tests/run.py through
+    `apply.py --installed`); the fixture refuses to run if that is not fully in place.
+    """
+    site_vllm = installed.find_installation(sys.executable)
+    if not all(r.ok for r in installed.verify_installed(site_vllm, series)):
+        pytest.fail(f"the series is not in place in {site_vllm.package_dir}: run `python tests/run.py`")
+    cache: dict[tuple, dict] = {}
+
+    def probe(name: str, variant: str, *args: str) -> dict:
+        assert variant in VARIANTS
+        key = (name, variant, args)
+        if key not in cache:
+            env = {**os.environ, "PYTHONPATH": str(unpatched_vllm) if variant == "unpatched" else ""}
+            done = subprocess.run(
+                [sys.executable, str(TESTS / "probes" / f"{name}.py"), *args],
+                capture_output=True,
+                text=True,
+                env=env,
+                cwd=TESTS,
+            )
+            lines = done.stdout.strip().splitlines()
+            if done.returncode != 0 or not lines:
+                pytest.fail(f"probe {name} ({variant}) exited {done.returncode}:\n{done.stderr[-4000:]}")
+            cache[key] = json.loads(lines[-1])
+            vllm_file = cache[key].get("vllm_file", "")
+            expected = str(unpatched_vllm) if variant == "unpatched" else str(site_vllm.package_dir)
+            assert vllm_file.startswith(expected), f"probe imported vllm from {vllm_file}, not {expected}"
+        return cache[key]
+
+    return probe

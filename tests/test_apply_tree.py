@@ -1,0 +1,156 @@
+"""apply.py on vLLM git checkouts: apply, re-run, check, refuse, conflict, rebase, export."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from conftest import git
+
+
+def test_series_applies_one_commit_per_patch_keeping_author_and_message(run_apply, scratch_tree, series, pin):
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 0, done.stderr
+    for patch in series.patches:
+        assert f"{patch.name}  applied\n" in done.stdout
+    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == pin.branch
+    log = git(scratch_tree, "log", "--reverse", "--format=%an <%ae>%x09%s", f"{pin.tag}..HEAD").splitlines()
+    assert log == [f"{patch.author}\t{patch.subject}" for patch in series.patches]
+    assert git(scratch_tree, "status", "--porcelain") == ""
+
+
+def test_second_run_on_the_patched_branch_reports_already_upstream(run_apply, scratch_tree, series):
+    assert run_apply("--vllm-src", str(scratch_tree)).returncode == 0
+    head = git(scratch_tree, "rev-parse", "HEAD")
+    again = run_apply("--vllm-src", str(scratch_tree))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("already upstream\n") == len(series.patches)
+    assert git(scratch_tree, "rev-parse", "HEAD") == head
+
+
+def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, series):
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree), "--check")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.count("  applied\n") == len(series.patches)
+    assert snapshot(scratch_tree) == before
+
+
+def test_dirty_tree_is_refused_and_left_untouched(run_apply, scratch_tree, snapshot, series):
+    touched = scratch_tree / series.files[0]
+    touched.write_text(touched.read_text() + "# a user's unsaved work\n")
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 2
+    assert "uncommitted changes" in done.stderr and series.files[0] in done.stderr
+    assert snapshot(scratch_tree) == before
+
+
+def _inject_conflict(tree: Path, series) -> str:
+    """Commit a change to a line the first patch's first hunk removes, so it cannot apply."""
+    patch_text = series.patches[0].path.read_text()
+    path = series.patches[0].files[0]
+    hunk = patch_text.split(f"+++ b/{path}\n", 1)[1]
+    removed = next(line[1:] for line in hunk.splitlines() if line.startswith("-"))
+    target = tree / path
+    target.write_text(target.read_text().replace(removed, removed + "  # changed by someone else", 1))
+    git(tree, "commit", "--quiet", "-am", "local change")
+    return path
+
+
+def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratch_tree, snapshot, series):
+    path = _inject_conflict(scratch_tree, series)
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 1
+    assert f"{series.patches[0].name}  conflict: " in done.stdout and path in done.stdout
+    assert "Nothing was changed" in done.stderr and "--rebase" in done.stderr
+    assert snapshot(scratch_tree) == before
+
+
+def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
+    run_apply, scratch_tree, series, pin, tmp_path
+):
+    path = _inject_conflict(scratch_tree, series)
+    done = run_apply("--vllm-src", str(scratch_tree), "--rebase")
+    assert done.returncode == 1
+    assert "git am --continue" in done.stderr
+    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == pin.branch
+    assert (scratch_tree / ".git" / "rebase-apply").is_dir()
+    # Resolve by taking the patch's side of the conflicting file, then finish the series.
+    git(scratch_tree, "checkout", "--theirs", "--", path)
+    git(scratch_tree, "add", path)
+    git(scratch_tree, "am", "--continue")
+    patches = tmp_path / "patches"
+    shutil.copytree(series.directory, patches)
+    # The branch the series was rebased onto ("main", with the conflicting change) is the new base.
+    exported = run_apply(
+        "--vllm-src", str(scratch_tree), "--export", "--base", "main", "--patches", str(patches)
+    )
+    assert exported.returncode == 0, exported.stderr
+    assert sorted(p.name for p in patches.glob("*.patch")) == sorted(p.name for p in series.patches)
+    assert (patches / "series").read_text().splitlines()[-len(series.patches) :] == [
+        p.name for p in series.patches
+    ]
+
+
+def test_export_of_the_applied_series_reproduces_the_patch_files(
+    run_apply, scratch_tree, series, pin, tmp_path
+):
+    assert run_apply("--vllm-src", str(scratch_tree)).returncode == 0
+    patches = tmp_path / "patches"
+    shutil.copytree(series.directory, patches)
+    done = run_apply(
+        "--vllm-src", str(scratch_tree), "--export", "--base", pin.tag, "--patches", str(patches)
+    )
+    assert done.returncode == 0, done.stderr
+    for patch in series.patches:
+        assert (patches / patch.name).read_bytes() == patch.path.read_bytes(), patch.name
+
+
+def test_not_a_vllm_tree_is_refused(run_apply, tmp_path):
+    done = run_apply("--vllm-src", str(tmp_path))
+    assert done.returncode == 2 and "not a vLLM source tree" in done.stderr
+
+
+def test_plain_unpacked_tree_is_refused_with_directions(run_apply, scratch_tree, snapshot):
+    shutil.rmtree(scratch_tree / ".git")
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 2
+    assert "not a git repository" in done.stderr and "git init" in done.stderr
+    assert not (scratch_tree / ".git").exists()
+
+
+def test_other_vllm_version_is_refused_pointing_at_rebase(run_apply, scratch_tree, snapshot, pin):
+    version_file = scratch_tree / "vllm" / "_version.py"
+    version_file.write_text(version_file.read_text().replace(f"'{pin.version}'", "'0.23.0'"))
+    git(scratch_tree, "commit", "--quiet", "-am", "pretend 0.23.0")
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 2
+    assert (
+        f"targets vLLM {pin.version}" in done.stderr and "0.23.0" in done.stderr and "--rebase" in done.stderr
+    )
+    assert snapshot(scratch_tree) == before
+
+
+def test_missing_git_is_reported(run_apply, scratch_tree, tmp_path):
+    done = run_apply("--vllm-src", str(scratch_tree), env={"PATH": str(tmp_path)})  # no git on PATH
+    assert done.returncode == 2 and "git is not installed" in done.stderr
+
+
+@pytest.mark.parametrize("corruption", ["garbage", "missing-entry"])
+def test_broken_series_is_refused_before_touching_the_tree(
+    run_apply, scratch_tree, snapshot, series, tmp_path, corruption
+):
+    patches = tmp_path / "patches"
+    shutil.copytree(series.directory, patches)
+    if corruption == "garbage":
+        (patches / series.patches[0].name).write_text("this is not a patch\n")
+    else:
+        (patches / "series").write_text((patches / "series").read_text() + "0099-gone.patch\n")
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree), "--patches", str(patches))
+    assert done.returncode == 2 and "error:" in done.stderr
+    assert snapshot(scratch_tree) == before

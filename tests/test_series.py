@@ -1,0 +1,93 @@
+"""Series hygiene: the patch files, the series file, and how they apply to the pinned tree."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+
+from mtpq.series import DEP3_FIELDS, PATCHES_DIR, SeriesError, load_series
+
+
+def test_every_patch_file_is_listed_once_and_parses(series):
+    on_disk = sorted(path.name for path in PATCHES_DIR.glob("*.patch"))
+    assert sorted(patch.name for patch in series.patches) == on_disk
+    assert on_disk, "the series is empty"
+
+
+@pytest.mark.parametrize("field", DEP3_FIELDS)
+def test_every_patch_carries_dep3_field(series, field):
+    assert all(patch.dep3.get(field) for patch in series.patches)
+
+
+def test_every_patch_ends_with_newline_and_has_an_author(series):
+    for patch in series.patches:
+        assert patch.path.read_bytes().endswith(b"\n"), patch.name
+        assert "<" in patch.author, patch.name
+
+
+def test_each_patch_applies_without_fuzz_to_the_pinned_tree(series, pinned_tree, pin, tmp_path):
+    """GNU patch with --fuzz=0, in series order, on a pristine export of the baseline."""
+    archive = tmp_path / "baseline.tar"
+    subprocess.run(["git", "-C", str(pinned_tree), "archive", "-o", str(archive), pin.tag], check=True)
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    subprocess.run(["tar", "-xf", str(archive), "-C", str(tree)], check=True)
+    for patch in series.patches:
+        done = subprocess.run(
+            ["patch", "-p1", "--fuzz=0", "--forward", "--batch", "-i", str(patch.path)],
+            cwd=tree,
+            capture_output=True,
+            text=True,
+        )
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "fuzz" not in done.stdout and "offset" not in done.stdout, done.stdout
+
+
+@pytest.fixture
+def series_copy(tmp_path):
+    copy = tmp_path / "patches"
+    shutil.copytree(PATCHES_DIR, copy)
+    return copy
+
+
+def _first_patch(directory):
+    return sorted(directory.glob("*.patch"))[0]
+
+
+def test_unlisted_patch_file_is_reported(series_copy):
+    (series_copy / "9999-stray.patch").write_text(_first_patch(series_copy).read_text())
+    with pytest.raises(SeriesError, match="not listed in series: 9999-stray.patch"):
+        load_series(series_copy)
+
+
+def test_series_entry_without_file_is_reported(series_copy):
+    with (series_copy / "series").open("a") as listing:
+        listing.write("0099-missing.patch\n")
+    with pytest.raises(SeriesError, match="entries without a file: 0099-missing.patch"):
+        load_series(series_copy)
+
+
+def test_duplicate_series_entry_is_reported(series_copy):
+    with (series_copy / "series").open("a") as listing:
+        listing.write(_first_patch(series_copy).name + "\n")
+    with pytest.raises(SeriesError, match="listed more than once"):
+        load_series(series_copy)
+
+
+@pytest.mark.parametrize(
+    ("damage", "message"),
+    [
+        (lambda text: text.split("\ndiff --git ")[0] + "\n", "no 'diff --git' section"),
+        (lambda text: text.replace("\nForwarded:", "\nX-Forwarded:"), "DEP-3 field.*Forwarded"),
+        (lambda text: text.rstrip("\n"), "no newline at end of file"),
+        (lambda text: text.replace("\nSubject:", "\nX-Subject:"), "missing From:/Subject:"),
+    ],
+    ids=["no-diff", "no-forwarded", "no-final-newline", "no-subject"],
+)
+def test_damaged_patch_is_reported(series_copy, damage, message):
+    patch = _first_patch(series_copy)
+    patch.write_text(damage(patch.read_text()))
+    with pytest.raises(SeriesError, match=message):
+        load_series(series_copy)
