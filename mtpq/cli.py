@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from mtpq import gittree, installed, status
 from mtpq.download import DownloadError
 from mtpq.pin import load_pin
 from mtpq.series import PATCHES_DIR, SeriesError, load_series
+from mtpq.wheel import WheelError, build_wheel
 
 EXIT_CONFLICT = 1
 EXIT_BAD_INPUT = 2
@@ -27,6 +29,11 @@ def build_parser() -> argparse.ArgumentParser:
     where.add_argument("--vllm-src", type=Path, metavar="DIR", help="a clean vLLM git checkout to apply onto")
     where.add_argument(
         "--installed", action="store_true", help="patch the vLLM installed in --python's environment"
+    )
+    where.add_argument("--wheel", action="store_true", help="build a patched wheel from the official one")
+    parser.add_argument("--arch", help="with --wheel: x86_64 or aarch64")
+    parser.add_argument(
+        "--out", type=Path, default=Path("dist"), help="with --wheel: output directory (%(default)s)"
     )
     parser.add_argument("--python", default=sys.executable, help="interpreter whose vLLM --installed patches")
     action = parser.add_mutually_exclusive_group()
@@ -60,9 +67,11 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--verify and --revert need --installed")
     if args.export and not args.vllm_src:
         parser.error("--export needs --vllm-src (the branch holding the resolved series)")
+    if args.wheel and not args.arch:
+        parser.error("--wheel needs --arch (x86_64 or aarch64)")
     try:
         return _run(args)
-    except (gittree.TreeError, SeriesError, DownloadError, ValueError) as error:
+    except (gittree.TreeError, SeriesError, DownloadError, WheelError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
@@ -72,6 +81,13 @@ def _run(args: argparse.Namespace) -> int:
     series = load_series(args.patches)
     if args.installed:
         return _run_installed(args, pin, series)
+    if args.wheel:
+        pin.wheel(args.arch)  # an unknown arch fails before any download
+        start = time.perf_counter()
+        built = build_wheel(pin, series, args.arch, args.out)
+        print(f"built in {time.perf_counter() - start:.1f} s, series {series.series_id}")
+        print(built)
+        return 0
     if args.vllm_src is None:
         tree = gittree.pinned_tree(pin)
         repo = gittree.open_repo(tree)

@@ -104,6 +104,7 @@ def fetch(artifact: Artifact) -> Path:
                         f"sha256 mismatch for {artifact.filename} from {url}: "
                         f"got {digest.hexdigest()}, VLLM_VERSION pins {artifact.sha256}; refusing it"
                     )
+                part_path.chmod(0o644)
                 part_path.replace(target)
             finally:
                 part_path.unlink(missing_ok=True)

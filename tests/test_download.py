@@ -2,10 +2,7 @@
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import http.server
-import threading
 
 import pytest
 
@@ -13,35 +10,6 @@ from mtpq.download import DownloadError, fetch
 from mtpq.pin import Artifact
 
 GOOD = b"the pinned artifact\n"
-
-
-@pytest.fixture
-def index(tmp_path, monkeypatch):
-    """A PEP 503 index on loopback with an empty cache; `index.serve(project, name, data)` adds a file."""
-    root = tmp_path / "index"
-    root.mkdir()
-    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
-    handler.log_message = lambda *args: None
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-
-    class Index:
-        url = f"http://127.0.0.1:{server.server_port}"
-        cache = tmp_path / "cache"
-
-        @staticmethod
-        def serve(project: str, filename: str, data: bytes) -> None:
-            page = root / project
-            page.mkdir(exist_ok=True)
-            (page / filename).write_bytes(data)
-            (page / "index.html").write_text(
-                f'<a href="{filename}#sha256={hashlib.sha256(data).hexdigest()}">x</a>'
-            )
-
-    monkeypatch.setenv("MTPQ_INDEX_URL", Index.url)
-    monkeypatch.setenv("MTPQ_CACHE_DIR", str(Index.cache))
-    yield Index
-    server.shutdown()
 
 
 ARTIFACT = Artifact("demo", "demo-1.0.tar.gz", hashlib.sha256(GOOD).hexdigest())

@@ -1,0 +1,120 @@
+"""apply.py --wheel: a patched wheel made from the official PyPI wheel, reproducibly."""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import json
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from mtpq.download import fetch
+from mtpq.wheel import patched_files
+
+ARCH = "x86_64"
+
+
+def build(run_apply, out: Path) -> Path:
+    done = run_apply("--wheel", "--arch", ARCH, "--out", str(out))
+    assert done.returncode == 0, done.stderr
+    wheel = Path(done.stdout.strip().splitlines()[-1])
+    assert wheel.parent == out and wheel.is_file()
+    return wheel
+
+
+@pytest.fixture(scope="session")
+def wheel(run_apply, tmp_path_factory) -> Path:
+    return build(run_apply, tmp_path_factory.mktemp("dist"))
+
+
+def test_name_and_metadata_carry_the_series(wheel, pin, series):
+    assert wheel.name == f"vllm-{pin.version}+mtpq.{series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
+    info = f"vllm-{pin.version}+mtpq.{series.series_id}.dist-info"
+    with zipfile.ZipFile(wheel) as archive:
+        metadata = archive.read(f"{info}/METADATA").decode()
+        carried = json.loads(archive.read(f"{info}/mtpq.json"))
+    assert f"\nVersion: {pin.version}+mtpq.{series.series_id}\n" in metadata
+    assert [p["name"] for p in carried["patches"]] == [p.name for p in series.patches]
+    assert all(p.name in metadata for p in series.patches)
+
+
+def test_record_lists_every_file_with_its_hash(wheel):
+    with zipfile.ZipFile(wheel) as archive:
+        (record_name,) = [n for n in archive.namelist() if n.endswith(".dist-info/RECORD")]
+        rows = list(csv.reader(io.StringIO(archive.read(record_name).decode())))
+        assert {row[0] for row in rows} == set(archive.namelist())
+        for name, digest, size in rows:
+            if name == record_name:
+                continue
+            data = archive.read(name)
+            expected = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
+            assert (digest, size) == (f"sha256={expected}", str(len(data))), name
+
+
+def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, pin, series):
+    replaced = patched_files(pin, series)
+    with zipfile.ZipFile(fetch(pin.wheel(ARCH))) as official, zipfile.ZipFile(wheel) as ours:
+        ours_by_name = {info.filename: info for info in ours.infolist()}
+        for info in official.infolist():
+            if ".dist-info/" in info.filename:
+                continue
+            if info.filename in replaced:
+                assert ours.read(info.filename) == replaced[info.filename]
+            else:
+                assert (ours_by_name[info.filename].CRC, ours_by_name[info.filename].file_size) == (
+                    info.CRC,
+                    info.file_size,
+                ), info.filename
+
+
+def test_two_builds_are_byte_identical(wheel, run_apply, tmp_path):
+    assert build(run_apply, tmp_path).read_bytes() == wheel.read_bytes()
+
+
+def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, pin, series, tmp_path):
+    target = tmp_path / "site"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "install",
+            "-qq",
+            "--no-deps",
+            "--no-compile",
+            "--target",
+            str(target),
+            str(wheel),
+        ],
+        check=True,
+    )
+    for relative, data in patched_files(pin, series).items():
+        assert (target / relative).read_bytes() == data, relative
+
+
+def test_unknown_arch_is_refused_and_nothing_written(run_apply, tmp_path):
+    done = run_apply("--wheel", "--arch", "riscv64", "--out", str(tmp_path / "dist"))
+    assert done.returncode == 2 and "unknown arch 'riscv64'" in done.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_base_wheel_checksum_mismatch_fails_closed(run_apply, index, pin, tmp_path):
+    official = pin.wheel(ARCH)
+    index.serve(official.project, official.filename, b"not the official wheel")
+    out = tmp_path / "dist"
+    done = run_apply(
+        "--wheel",
+        "--arch",
+        ARCH,
+        "--out",
+        str(out),
+        env={"MTPQ_INDEX_URL": index.url, "MTPQ_CACHE_DIR": str(index.cache)},
+    )
+    assert done.returncode == 2 and "sha256 mismatch" in done.stderr
+    assert not out.exists() or not any(out.iterdir())
