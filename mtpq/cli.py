@@ -82,7 +82,6 @@ def _run(args: argparse.Namespace) -> int:
     if args.installed:
         return _run_installed(args, pin, series)
     if args.wheel:
-        pin.wheel(args.arch)  # an unknown arch fails before any download
         start = time.perf_counter()
         built = build_wheel(pin, series, args.arch, args.out)
         print(f"built in {time.perf_counter() - start:.1f} s, series {series.series_id}")

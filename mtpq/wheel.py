@@ -8,7 +8,6 @@ import csv
 import hashlib
 import io
 import json
-import os
 import tempfile
 import zipfile
 from pathlib import Path
@@ -50,7 +49,7 @@ def _pristine_matches(pin: Pin, relative: str, data: bytes) -> bool:
 
 
 def build_wheel(pin: Pin, series: Series, arch: str, out_dir: Path) -> Path:
-    base = fetch(pin.wheel(arch))
+    base = fetch(pin.wheel(arch))  # an unknown arch raises here, before anything is written
     replacements = patched_files(pin, series)
     local_version = f"{pin.version}+mtpq.{series.series_id}"
     old_info = f"vllm-{pin.version}.dist-info"
@@ -95,7 +94,7 @@ def build_wheel(pin: Pin, series: Series, arch: str, out_dir: Path) -> Path:
             wheel.writestr(
                 zipfile.ZipInfo(f"{new_info}/RECORD", date_time=record_info.date_time), _csv(record)
             )
-        os.chmod(part_path, 0o644)
+        part_path.chmod(0o644)
         part_path.replace(target)
     finally:
         part_path.unlink(missing_ok=True)
