@@ -181,7 +181,13 @@ def apply_series(repo, series: Series, branch: str, keep_conflict: bool = False)
                 f"branch {branch} already exists in {repo.working_tree_dir}; check it out to re-run "
                 f"on it, delete it, or pass --branch NAME"
             )
-        repo.git.checkout("-b", branch)
+        try:
+            repo.git.checkout("-b", branch)
+        except _git_module().GitCommandError as error:  # e.g. a branch "mtpq" blocks "mtpq/v0.22.1"
+            raise TreeError(
+                f"cannot create branch {branch} in {repo.working_tree_dir}: "
+                f"{str(error.stderr).strip()}; pass --branch NAME"
+            ) from error
         created_branch = branch
     if not queue:
         return results
@@ -215,7 +221,7 @@ def export_series(repo, base: str | None, directory: Path) -> Series:
     old_by_subject = {patch.subject: patch.name for patch in old.patches}
     with tempfile.TemporaryDirectory(prefix="mtpq-export-") as scratch:
         exported = repo.git.format_patch(
-            "--no-signature", "--zero-commit", "--full-index", "-o", scratch, f"{base}..HEAD"
+            "--no-signature", "--no-numbered", "--zero-commit", "--full-index", "-o", scratch, f"{base}..HEAD"
         ).splitlines()
         if not exported:
             raise TreeError(

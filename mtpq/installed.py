@@ -130,6 +130,8 @@ def _stage(installation: Installation, series: Series, staging: Path) -> list[Pa
         if original is not None:
             (staging / relative).parent.mkdir(parents=True, exist_ok=True)
             (staging / relative).write_bytes(original)
+    if _whole_series_in(staging, series):
+        return [PatchResult(patch.name, status.ALREADY_UPSTREAM) for patch in series.patches]
     results: list[PatchResult] = []
     for patch in series.patches:
         if results and not results[-1].ok:
@@ -144,6 +146,17 @@ def _stage(installation: Installation, series: Series, staging: Path) -> list[Pa
                 PatchResult(patch.name, status.CONFLICT, files=files, reason=applied.stderr.strip())
             )
     return results
+
+
+def _whole_series_in(staging: Path, series: Series) -> bool:
+    """Whether the files already carry the whole series, as the mtpq wheel's do: it reverse-applies,
+    last patch first. (One patch alone may not reverse once later patches changed its lines.)"""
+    with tempfile.TemporaryDirectory(prefix="mtpq-reverse-") as scratch:
+        copy = Path(scratch) / "site"
+        shutil.copytree(staging, copy)
+        return all(
+            _git_apply(copy, patch.path, "--reverse").returncode == 0 for patch in reversed(series.patches)
+        )
 
 
 def apply_installed(installation: Installation, series: Series, dry_run: bool = False) -> list[PatchResult]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
-import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -22,6 +22,9 @@ sys.path.insert(0, str(ROOT))
 from mtpq import gittree, installed  # noqa: E402
 from mtpq.pin import load_pin  # noqa: E402
 from mtpq.series import load_series  # noqa: E402
+
+sys.path.insert(0, str(TESTS))
+from probing import ProbeError, run_probe  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -97,15 +100,11 @@ def run_apply():
     return run
 
 
-VARIANTS = ("unpatched", "patched")
-
-
 @pytest.fixture(scope="session")
 def unpatched_vllm() -> Path:
     """The engine wheel's vllm package, untouched; put first on PYTHONPATH to run unpatched."""
     if explicit := os.environ.get("MTPQ_UNPATCHED_VLLM"):
         return Path(explicit)
-    sys.path.insert(0, str(TESTS))
     from run import ensure_unpatched_vllm
 
     return ensure_unpatched_vllm()
@@ -124,24 +123,12 @@ def vllm_probe(series, unpatched_vllm):
     cache: dict[tuple, dict] = {}
 
     def probe(name: str, variant: str, *args: str) -> dict:
-        assert variant in VARIANTS
         key = (name, variant, args)
         if key not in cache:
-            env = {**os.environ, "PYTHONPATH": str(unpatched_vllm) if variant == "unpatched" else ""}
-            done = subprocess.run(
-                [sys.executable, str(TESTS / "probes" / f"{name}.py"), *args],
-                capture_output=True,
-                text=True,
-                env=env,
-                cwd=TESTS,
-            )
-            lines = done.stdout.strip().splitlines()
-            if done.returncode != 0 or not lines:
-                pytest.fail(f"probe {name} ({variant}) exited {done.returncode}:\n{done.stderr[-4000:]}")
-            cache[key] = json.loads(lines[-1])
-            vllm_file = cache[key].get("vllm_file", "")
-            expected = str(unpatched_vllm) if variant == "unpatched" else str(site_vllm.package_dir)
-            assert vllm_file.startswith(expected), f"probe imported vllm from {vllm_file}, not {expected}"
+            try:
+                cache[key] = run_probe(name, variant, unpatched_vllm, site_vllm.package_dir, *args)
+            except ProbeError as error:
+                pytest.fail(str(error))
         return cache[key]
 
     return probe
@@ -174,3 +161,37 @@ def index(tmp_path, monkeypatch):
     monkeypatch.setenv("MTPQ_CACHE_DIR", str(Index.cache))
     yield Index
     server.shutdown()
+
+
+@pytest.fixture(scope="session")
+def engineered_checkpoint(tmp_path_factory):
+    """`engineered_checkpoint(quant, arch="mimo", **options)`: a tiny engineered MTP checkpoint (see
+    checkpoints.py), written once per session and shared by every test that asks for the same one."""
+    import checkpoints
+
+    makers = {
+        "mimo": checkpoints.make_mimo_mtp_checkpoint,
+        "glm4_moe": checkpoints.make_glm4_moe_mtp_checkpoint,
+    }
+    built: dict[tuple, Path] = {}
+
+    def make(quant: str, arch: str = "mimo", **options) -> Path:
+        key = (arch, quant, *sorted(options.items()))
+        if key not in built:
+            out = tmp_path_factory.mktemp("-".join([arch, quant, *map(str, options.values())]))
+            built[key] = makers[arch](out, quant, **options)
+        return built[key]
+
+    return make
+
+
+@pytest.fixture
+def checkpoint_copy(tmp_path):
+    """`checkpoint_copy(source)`: a private copy of a checkpoint directory for a test to damage."""
+
+    def copy(source: Path) -> Path:
+        target = tmp_path / source.name
+        shutil.copytree(source, target)
+        return target
+
+    return copy

@@ -29,6 +29,16 @@ def test_second_run_on_the_patched_branch_reports_already_upstream(run_apply, sc
     assert git(scratch_tree, "rev-parse", "HEAD") == head
 
 
+def test_a_branch_blocking_the_series_branch_name_is_a_clear_error(run_apply, scratch_tree, snapshot, pin):
+    git(scratch_tree, "branch", pin.branch.split("/")[0])  # "mtpq" makes "mtpq/v0.22.1" impossible
+    before = snapshot(scratch_tree)
+    done = run_apply("--vllm-src", str(scratch_tree))
+    assert done.returncode == 2
+    assert f"cannot create branch {pin.branch}" in done.stderr and "--branch NAME" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert snapshot(scratch_tree) == before
+
+
 def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, series):
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree), "--check")

@@ -28,8 +28,9 @@ class Environment:
             ).stdout.strip()
         )
         for relative in ("vllm/__init__.py", "vllm/_version.py", *series.files):
-            (self.site / relative).parent.mkdir(parents=True, exist_ok=True)
-            (self.site / relative).write_bytes(baseline_file(relative))
+            if (content := baseline_file(relative)) is not None:  # None: a file the series creates
+                (self.site / relative).parent.mkdir(parents=True, exist_ok=True)
+                (self.site / relative).write_bytes(content)
 
     def fingerprint(self) -> dict[str, str]:
         """sha256 of every file under site-packages (the state directory included)."""
@@ -42,12 +43,26 @@ class Environment:
 
 @pytest.fixture
 def environment(tmp_path, pinned_tree, pin, series) -> Environment:
-    def baseline_file(relative: str) -> bytes:
+    def baseline_file(relative: str) -> bytes | None:
         # From the baseline tag: the pinned tree's working copy may be on the series branch.
         show = ["git", "-C", str(pinned_tree), "show", f"{pin.tag}:{relative}"]
-        return subprocess.run(show, check=True, capture_output=True).stdout
+        done = subprocess.run(show, capture_output=True)
+        return done.stdout if done.returncode == 0 else None
 
     return Environment(tmp_path / "env", baseline_file, series)
+
+
+def test_an_environment_that_already_carries_the_series_is_recognised(run_apply, environment, series):
+    """As `pip install` of the mtpq wheel leaves it: the patched files and no mtpq state beside them."""
+    assert run_apply("--installed", "--python", environment.python).returncode == 0
+    shutil.rmtree(environment.site / STATE_DIR_NAME)
+    patched = environment.fingerprint()
+    done = run_apply("--installed", "--python", environment.python)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.count("  already upstream\n") == len(series.patches)
+    after = environment.fingerprint()
+    assert {path: after[path] for path in patched} == patched
+    assert run_apply("--installed", "--python", environment.python, "--verify").returncode == 0
 
 
 def test_apply_is_idempotent_and_revert_restores_every_byte(run_apply, environment, series):
@@ -56,7 +71,11 @@ def test_apply_is_idempotent_and_revert_restores_every_byte(run_apply, environme
     assert first.returncode == 0, first.stderr
     assert first.stdout.count("  applied\n") == len(series.patches)
     patched = environment.fingerprint()
-    changed = {path for path in pristine if pristine[path] != patched.get(path)}
+    changed = {
+        path
+        for path in pristine.keys() | patched.keys()
+        if pristine.get(path) != patched.get(path) and not path.startswith(STATE_DIR_NAME)
+    }
     assert changed == {path for path in series.files if path.startswith("vllm/")}
 
     second = run_apply("--installed", "--python", environment.python)

@@ -1,0 +1,874 @@
+"""Engineered tiny MTP checkpoints (MiMo, GLM-4.5 MoE) for proving MTP drafts on the real engine.
+
+Random weights give ~0 % draft acceptance whether or not the MTP block is
+loaded correctly, so they cannot tell a broken draft from a working one.
+The checkpoints written here can:
+
+* the main model's greedy output follows a fixed token chain
+  ``t -> successor[t]`` (embeddings + residual stream + an lm_head whose row
+  ``j`` is the embedding of ``predecessor[j]``); its decoder layers add only
+  small perturbations, so quantizing them cannot flip an argmax;
+* the MTP block predicts ``successor[successor[t]]`` only through its own
+  Linear weights: its input projection rotates the token embedding, and the
+  MTP MLP must undo that rotation.  Zeroed, garbage or mis-scaled MTP weights
+  leave the rotated vector in place and the drafts are wrong.  In an MoE
+  block the shared expert undoes the rotation plus a large decoy term that
+  only the routed experts cancel, so both expert paths are essential.
+
+Quantized variants quantize the main decoder layers' attention and dense /
+shared-expert Linears with compressed-tensors (written with the library's own
+compressors, as a real quantizer would) and keep the MTP layer, routed
+experts and lm_head in BF16, listed in ``ignore``.
+
+`verify_engineering` checks all of this in pure torch, independently of vLLM.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+QUANT_FORMATS = ("bf16", "int8_w8a8", "w4a16", "fp8_block")
+IGNORE_STYLES = ("names", "regex", "unlisted")
+
+# compressed-tensors preset scheme and on-disk format for each variant.
+_COMPRESSED_TENSORS_SCHEMES = {
+    "int8_w8a8": ("W8A8", "int-quantized"),
+    "w4a16": ("W4A16", "pack-quantized"),
+    "fp8_block": ("FP8_BLOCK", "float-quantized"),
+}
+
+HIDDEN_SIZE = 128
+NUM_HIDDEN_LAYERS = 2
+NUM_ATTENTION_HEADS = 4
+HEAD_DIM = HIDDEN_SIZE // NUM_ATTENTION_HEADS
+# MHA keeps k/v projections 128 wide: FP8 128x128 blocks need that.
+NUM_KEY_VALUE_HEADS = 4
+INTERMEDIATE_SIZE = 2 * HIDDEN_SIZE
+VOCAB_SIZE = 512
+ROPE_THETA = 10000.0
+RMS_NORM_EPS = 1e-6
+MAX_POSITION_EMBEDDINGS = 512
+EOS_TOKEN_ID = 1
+
+# GLM-4.5 MoE: the first layer is dense, the second and the MTP layer are MoE
+# (vLLM's Glm4MoeForCausalLM refuses a model without an MoE layer).
+FIRST_K_DENSE_REPLACE = 1
+NUM_EXPERTS = 4
+NUM_EXPERTS_PER_TOKEN = 2
+# Full rank: the MTP experts must express a rotation of the hidden state.
+MOE_INTERMEDIATE_SIZE = HIDDEN_SIZE
+GLM_PARTIAL_ROTARY_FACTOR = 0.5
+
+SUCCESSOR_FILE = "mtpq_successor.json"
+
+# Every embedding carries this constant in coordinate 0 and has RMS 1; the
+# MTP MLP gate reads it as a stand-in for the bias the MLPs lack.
+BIAS_COORDINATE = 4.0
+# Size of each main sublayer's output relative to the residual stream.
+MAIN_SUBLAYER_GAIN = 0.1
+# MTP attention is deliberately weak: it only adds noise to the residual.
+MTP_ATTENTION_GAIN = 0.05
+# Norm of the MTP MLP output relative to the rotated input it must overrule.
+MTP_MLP_GAIN = 4.0
+# Decoy added by an MTP shared expert and removed by its routed experts,
+# relative to the inverse rotation: left alone it outvotes the right token.
+MTP_DECOY_RATIO = 16.0
+
+_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+
+_CONFIGURATION_MIMO = '''\
+"""MiMo configuration: Qwen2 plus the number of MTP layers."""
+
+from transformers.models.qwen2.configuration_qwen2 import Qwen2Config
+
+
+class MiMoConfig(Qwen2Config):
+    model_type = "mimo"
+
+    def __init__(self, num_nextn_predict_layers=0, **kwargs):
+        self.num_nextn_predict_layers = num_nextn_predict_layers
+        super().__init__(**kwargs)
+'''
+
+
+def _attention_linears(prefix: str) -> list[str]:
+    return [f"{prefix}.self_attn.{name}" for name in _ATTENTION_PROJECTIONS]
+
+
+def _mlp_linears(mlp_prefix: str) -> list[str]:
+    return [f"{mlp_prefix}.{name}" for name in _MLP_PROJECTIONS]
+
+
+def _expert_linears(layer_prefix: str) -> list[str]:
+    return [
+        name for expert in range(NUM_EXPERTS) for name in _mlp_linears(f"{layer_prefix}.mlp.experts.{expert}")
+    ]
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """What differs between the engineered model families.
+
+    The MTP layer is a decoder layer under ``mtp_prefix`` plus two norms, an
+    input projection of ``[embeds, hidden]`` (or ``[hidden, embeds]``), a
+    final norm and the head its logits use.  Names below are relative to
+    ``mtp_prefix`` unless they say otherwise.
+    """
+
+    hf_config: dict = field(repr=False)
+    mtp_prefix: str
+    # The single regular expression a "regex"-style ignore list uses for the MTP layer.
+    mtp_ignore_regex: str
+    embed_norm: str
+    hidden_norm: str
+    projection: str
+    final_norm: str
+    head: str  # full checkpoint name of the weight the MTP logits use
+    embeds_first: bool
+    rotary_dim: int
+    first_moe_layer: int | None  # layers from here on, the MTP layer included, are MoE
+    extra_files: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def name(self) -> str:
+        return self.hf_config["architectures"][0]
+
+    def layer_prefix(self, layer: int) -> str:
+        return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"model.layers.{layer}"
+
+    def is_moe(self, layer: int) -> bool:
+        return self.first_moe_layer is not None and layer >= self.first_moe_layer
+
+    def quantizable_linears(self, layer: int) -> list[str]:
+        """Attention and dense (or shared-expert) MLP Linears of one layer."""
+        prefix = self.layer_prefix(layer)
+        mlp = f"{prefix}.mlp.shared_experts" if self.is_moe(layer) else f"{prefix}.mlp"
+        return _attention_linears(prefix) + _mlp_linears(mlp)
+
+    def routed_expert_linears(self, layer: int) -> list[str]:
+        return _expert_linears(self.layer_prefix(layer)) if self.is_moe(layer) else []
+
+    @property
+    def main_quantized_linears(self) -> list[str]:
+        return [name for layer in range(NUM_HIDDEN_LAYERS) for name in self.quantizable_linears(layer)]
+
+    @property
+    def main_routed_expert_linears(self) -> list[str]:
+        return [name for layer in range(NUM_HIDDEN_LAYERS) for name in self.routed_expert_linears(layer)]
+
+    @property
+    def mtp_block_linears(self) -> list[str]:
+        """The MTP decoder block's Linears: what a quantizer would wrongly touch."""
+        return self.quantizable_linears(NUM_HIDDEN_LAYERS) + self.routed_expert_linears(NUM_HIDDEN_LAYERS)
+
+    @property
+    def mtp_essential_linears(self) -> list[list[str]]:
+        """Groups of MTP Linears each of which the drafts need on its own."""
+        prefix = self.mtp_prefix
+        if not self.is_moe(NUM_HIDDEN_LAYERS):
+            return [_mlp_linears(f"{prefix}.mlp")]
+        return [_mlp_linears(f"{prefix}.mlp.shared_experts"), _expert_linears(prefix)]
+
+    def ignore_list(self, style: str) -> list[str]:
+        """compressed-tensors ``ignore``: everything left BF16, the MTP layer as ignore_style says."""
+        unquantized = ["lm_head", *self.main_routed_expert_linears]
+        if style == "unlisted":
+            return unquantized
+        if style == "regex":
+            return [*unquantized, self.mtp_ignore_regex]
+        mtp_modules = [f"{self.mtp_prefix}.{self.projection}", *self.mtp_block_linears]
+        if self.head.startswith(f"{self.mtp_prefix}."):
+            mtp_modules.append(self.head.removesuffix(".weight"))
+        return unquantized + mtp_modules
+
+
+def _mimo_config() -> dict:
+    return {
+        "architectures": ["MiMoForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_mimo.MiMoConfig"},
+        "model_type": "mimo",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": False,
+        "use_sliding_window": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+def _glm4_moe_config() -> dict:
+    return {
+        "architectures": ["Glm4MoeForCausalLM"],
+        "model_type": "glm4_moe",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        "attention_bias": True,
+        "use_qk_norm": False,
+        "n_routed_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "n_shared_experts": 1,
+        "n_group": 1,
+        "topk_group": 1,
+        "first_k_dense_replace": FIRST_K_DENSE_REPLACE,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "partial_rotary_factor": GLM_PARTIAL_ROTARY_FACTOR,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": ROPE_THETA,
+            "partial_rotary_factor": GLM_PARTIAL_ROTARY_FACTOR,
+        },
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+MIMO = Architecture(
+    hf_config=_mimo_config(),
+    mtp_prefix="model.mtp_layers.0",
+    mtp_ignore_regex="re:.*mtp_layers.*",
+    embed_norm="token_layernorm",
+    hidden_norm="hidden_layernorm",
+    projection="input_proj",
+    final_norm="final_layernorm",
+    head="lm_head.weight",
+    embeds_first=False,
+    rotary_dim=HEAD_DIM,
+    first_moe_layer=None,
+    extra_files={"configuration_mimo.py": _CONFIGURATION_MIMO},
+)
+
+# GLM-4.5 keeps its MTP layer as decoder layer number num_hidden_layers, with
+# its own copy of the head under shared_head.
+GLM4_MOE = Architecture(
+    hf_config=_glm4_moe_config(),
+    mtp_prefix=f"model.layers.{NUM_HIDDEN_LAYERS}",
+    mtp_ignore_regex=rf"re:.*layers\.{NUM_HIDDEN_LAYERS}\..*",
+    embed_norm="enorm",
+    hidden_norm="hnorm",
+    projection="eh_proj",
+    final_norm="shared_head.norm",
+    head=f"model.layers.{NUM_HIDDEN_LAYERS}.shared_head.head.weight",
+    embeds_first=True,
+    rotary_dim=int(HEAD_DIM * GLM_PARTIAL_ROTARY_FACTOR),
+    first_moe_layer=FIRST_K_DENSE_REPLACE,
+)
+
+ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE)}
+
+
+def make_mimo_mtp_checkpoint(
+    out_dir: str | Path,
+    quant: str = "bf16",
+    *,
+    ignore_style: str = "names",
+    quantize_mtp: bool = False,
+    seed: int = 0,
+) -> Path:
+    """A tiny MiMo (dense, Qwen2 layers) checkpoint with its MTP layer at ``model.mtp_layers.0``."""
+    return make_checkpoint(
+        MIMO, out_dir, quant, ignore_style=ignore_style, quantize_mtp=quantize_mtp, seed=seed
+    )
+
+
+def make_glm4_moe_mtp_checkpoint(
+    out_dir: str | Path, quant: str = "bf16", *, ignore_style: str = "names", seed: int = 0
+) -> Path:
+    """A tiny GLM-4.5 MoE checkpoint (layer 0 dense, layer 1 MoE) with its MoE MTP layer at
+    ``model.layers.2``."""
+    return make_checkpoint(GLM4_MOE, out_dir, quant, ignore_style=ignore_style, seed=seed)
+
+
+def make_checkpoint(
+    architecture: Architecture,
+    out_dir: str | Path,
+    quant: str = "bf16",
+    *,
+    ignore_style: str = "names",
+    quantize_mtp: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write an engineered tiny checkpoint with one MTP layer.
+
+    quant: one of QUANT_FORMATS; quantized formats cover the main decoder
+    layers' attention and dense / shared-expert Linears only.  ignore_style:
+    "names" lists every unquantized Linear by checkpoint name (what
+    compressed-tensors' QuantizationConfig.from_pretrained writes); "regex"
+    covers the MTP layer with the architecture's mtp_ignore_regex instead;
+    "unlisted" leaves the BF16 MTP layer out of ``ignore``, as a quantizer
+    that never saw it writes (transformers' Glm4MoeForCausalLM, for one,
+    has no decoder layer num_hidden_layers).  quantize_mtp: quantize the MTP
+    block's attention and dense MLP Linears too, like the main layers (a
+    checkpoint whose MTP block was quantized on purpose).
+    """
+    if quant not in QUANT_FORMATS:
+        raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
+    if ignore_style not in IGNORE_STYLES:
+        raise ValueError(f"ignore_style must be one of {IGNORE_STYLES}")
+    if quantize_mtp and (quant == "bf16" or ignore_style != "unlisted"):
+        raise ValueError('quantize_mtp needs a quantized format and ignore_style="unlisted"')
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    weights, successor = build_engineered_weights(architecture, seed)
+    tensors = {name: value.to(torch.bfloat16) for name, value in weights.items()}
+    config = dict(architecture.hf_config)
+    if quant != "bf16":
+        modules = architecture.main_quantized_linears
+        if quantize_mtp:
+            modules = modules + architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
+        tensors, config["quantization_config"] = _compress_linears(
+            tensors, modules, quant, architecture.ignore_list(ignore_style)
+        )
+
+    save_file(
+        {name: value.contiguous() for name, value in tensors.items()},
+        out / "model.safetensors",
+        metadata={"format": "pt"},
+    )
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    for name, text in architecture.extra_files.items():
+        (out / name).write_text(text)
+    (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
+    _write_tokenizer(out)
+    return out
+
+
+def architecture_of(checkpoint_dir: str | Path) -> Architecture:
+    config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
+    return ARCHITECTURES[config["architectures"][0]]
+
+
+def build_engineered_weights(
+    architecture: Architecture, seed: int = 0
+) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Float32 weights under checkpoint names, and the successor permutation."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    # One cycle through the whole vocabulary: greedy chains never repeat early.
+    order = torch.randperm(VOCAB_SIZE, generator=generator)
+    successor = torch.empty(VOCAB_SIZE, dtype=torch.long)
+    successor[order] = order.roll(-1)
+    predecessor = torch.argsort(successor)
+
+    directions = randn(VOCAB_SIZE, HIDDEN_SIZE - 1)
+    directions /= directions.norm(dim=-1, keepdim=True)
+    direction_norm = math.sqrt(HIDDEN_SIZE - BIAS_COORDINATE**2)
+    embed = torch.cat(
+        [torch.full((VOCAB_SIZE, 1), BIAS_COORDINATE), directions * direction_norm],
+        dim=-1,
+    )
+    # Row j scores "the last hidden state is the embedding of predecessor[j]".
+    lm_head = embed[predecessor].clone()
+    lm_head[:, 0] = 0.0
+    lm_head /= math.sqrt(HIDDEN_SIZE)
+
+    weights = {
+        "model.embed_tokens.weight": embed,
+        "model.norm.weight": torch.ones(HIDDEN_SIZE),
+        "lm_head.weight": lm_head,
+    }
+    for layer in range(NUM_HIDDEN_LAYERS):
+        weights.update(_random_layer(architecture.layer_prefix(layer), randn, moe=architecture.is_moe(layer)))
+
+    # The projection rotates the token embedding (keeping coordinate 0); the
+    # MTP MLP computes the inverse rotation, so the block is needed to undo it.
+    rotation = _random_rotation(randn)
+    projection = torch.zeros(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+    embeds_columns = slice(0, HIDDEN_SIZE) if architecture.embeds_first else slice(HIDDEN_SIZE, None)
+    projection[:, embeds_columns] = rotation  # the previous hidden state is unused
+    mtp = architecture.mtp_prefix
+    weights.update(
+        {
+            f"{mtp}.{architecture.embed_norm}.weight": torch.ones(HIDDEN_SIZE),
+            f"{mtp}.{architecture.hidden_norm}.weight": torch.ones(HIDDEN_SIZE),
+            f"{mtp}.{architecture.final_norm}.weight": torch.ones(HIDDEN_SIZE),
+            f"{mtp}.{architecture.projection}.weight": projection,
+        }
+    )
+    weights.setdefault(architecture.head, lm_head.clone())
+    moe = architecture.is_moe(NUM_HIDDEN_LAYERS)
+    weights.update(_random_layer(mtp, randn, moe=moe, output_gain=MTP_ATTENTION_GAIN))
+    if moe:
+        weights.update(_inverse_rotation_moe(mtp, rotation, _random_rotation(randn)))
+    else:
+        weights.update(_linear_swiglu(f"{mtp}.mlp", rotation.T, MTP_MLP_GAIN))
+    return weights, successor
+
+
+def _random_rotation(randn) -> torch.Tensor:
+    """An orthogonal matrix that keeps coordinate 0 (the bias stand-in) in place."""
+    rotation = torch.eye(HIDDEN_SIZE)
+    rotation[1:, 1:] = torch.linalg.qr(randn(HIDDEN_SIZE - 1, HIDDEN_SIZE - 1))[0]
+    return rotation
+
+
+def _random_layer(prefix, randn, *, moe: bool, output_gain: float = MAIN_SUBLAYER_GAIN):
+    """A decoder layer whose sublayers add ~output_gain of the residual's RMS."""
+    hidden = HIDDEN_SIZE
+    layer = {
+        f"{prefix}.input_layernorm.weight": torch.ones(hidden),
+        f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
+        f"{prefix}.self_attn.o_proj.weight": randn(hidden, hidden) * output_gain / math.sqrt(hidden),
+    }
+    if moe:
+        layer[f"{prefix}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
+        layer[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(NUM_EXPERTS)
+        for mlp in [f"{prefix}.mlp.shared_experts"] + [
+            f"{prefix}.mlp.experts.{expert}" for expert in range(NUM_EXPERTS)
+        ]:
+            layer.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
+    else:
+        layer.update(_random_mlp(f"{prefix}.mlp", INTERMEDIATE_SIZE, randn, output_gain))
+    for projection in ("q_proj", "k_proj", "v_proj"):
+        layer[f"{prefix}.self_attn.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
+        layer[f"{prefix}.self_attn.{projection}.bias"] = 0.02 * randn(hidden)
+    return layer
+
+
+def _random_mlp(prefix, inner, randn, output_gain):
+    hidden = HIDDEN_SIZE
+    return {
+        f"{prefix}.gate_proj.weight": randn(inner, hidden) / math.sqrt(hidden),
+        f"{prefix}.up_proj.weight": randn(inner, hidden) / math.sqrt(hidden),
+        f"{prefix}.down_proj.weight": randn(hidden, inner) * output_gain / math.sqrt(inner),
+    }
+
+
+def _inverse_rotation_moe(prefix, rotation, decoy):
+    """MoE weights computing MTP_MLP_GAIN * rotation.T @ x.
+
+    The shared expert adds a decoy rotation MTP_DECOY_RATIO times larger;
+    every routed expert subtracts it, and the renormalised routing weights sum
+    to 1, so the routed output cancels the decoy whichever experts are picked.
+    """
+    weights = _linear_swiglu(
+        f"{prefix}.mlp.shared_experts",
+        rotation.T + MTP_DECOY_RATIO * decoy,
+        MTP_MLP_GAIN,
+        MOE_INTERMEDIATE_SIZE,
+    )
+    for expert in range(NUM_EXPERTS):
+        weights.update(
+            _linear_swiglu(
+                f"{prefix}.mlp.experts.{expert}",
+                -MTP_DECOY_RATIO * decoy,
+                MTP_MLP_GAIN,
+                MOE_INTERMEDIATE_SIZE,
+            )
+        )
+    return weights
+
+
+def _linear_swiglu(prefix, transform, gain, inner=INTERMEDIATE_SIZE):
+    """SwiGLU weights computing gain * transform @ x.
+
+    The gate reads only the constant coordinate 0, so silu(gate) is a positive
+    constant and the MLP is linear; the up/down blocks alternate in sign so
+    that every unit is used (+/-).
+    """
+    hidden = HIDDEN_SIZE
+    blocks = inner // hidden
+    signs = [(-1.0) ** block for block in range(blocks)]
+    gate = torch.zeros(inner, hidden)
+    gate[:, 0] = 1.0
+    gate_activation = torch.nn.functional.silu(torch.tensor(BIAS_COORDINATE))
+    down_gain = gain / (blocks * float(gate_activation))
+    identity = torch.eye(hidden)
+    return {
+        f"{prefix}.gate_proj.weight": gate,
+        f"{prefix}.up_proj.weight": torch.cat([sign * transform for sign in signs]),
+        f"{prefix}.down_proj.weight": torch.cat([sign * identity * down_gain for sign in signs], dim=1),
+    }
+
+
+def _write_tokenizer(out: Path) -> None:
+    """WordLevel tokenizer with exactly VOCAB_SIZE ids ("tok0" ... )."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {f"tok{index}": index for index in range(VOCAB_SIZE)}
+    tokenizer = Tokenizer(models.WordLevel(vocab=vocab, unk_token="tok0"))
+    tokenizer.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tokenizer.save(str(out / "tokenizer.json"))
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "unk_token": "tok0",
+        "eos_token": f"tok{EOS_TOKEN_ID}",
+        "model_max_length": MAX_POSITION_EMBEDDINGS,
+        "clean_up_tokenization_spaces": False,
+    }
+    (out / "tokenizer_config.json").write_text(json.dumps(tokenizer_config, indent=2))
+
+
+# --- compressed-tensors --------------------------------------------------------
+
+
+def _compress_linears(tensors, modules, quant, ignore):
+    """Quantize the given Linears; return tensors and quantization_config."""
+    import compressed_tensors
+    from compressed_tensors.compressors import BaseCompressor
+    from compressed_tensors.quantization import (
+        QuantizationConfig,
+        QuantizationStatus,
+        preset_name_to_scheme,
+    )
+
+    preset, compression_format = _COMPRESSED_TENSORS_SCHEMES[quant]
+    scheme = preset_name_to_scheme(preset, targets=["Linear"])
+    compressor = BaseCompressor.get_value_from_registry(compression_format)
+
+    compressed = dict(tensors)
+    for module in modules:
+        weight = compressed.pop(f"{module}.weight")
+        scale, zero_point = _observe_weight_qparams(weight, scheme.weights)
+        module_state = compressor.compress(
+            {
+                "weight": weight,
+                "weight_scale": scale,
+                "weight_zero_point": zero_point,
+            },
+            scheme,
+        )
+        for key, value in module_state.items():
+            compressed[f"{module}.{key}"] = value
+
+    quantization_config = QuantizationConfig(
+        config_groups={"group_0": scheme},
+        format=compression_format,
+        quantization_status=QuantizationStatus.COMPRESSED,
+        ignore=ignore,
+    )
+    # Same layout as compressed-tensors' ModelCompressor.update_config.
+    config = {
+        "version": compressed_tensors.__version__,
+        "quant_method": "compressed-tensors",
+        "sparsity_config": {},
+        "transform_config": {},
+        **quantization_config.model_dump(mode="json", exclude=["quant_method"]),
+    }
+    return compressed, config
+
+
+def _observe_weight_qparams(weight, args):
+    """Min/max observer per the scheme's strategy, as a calibration pass would.
+
+    Scales are rounded to the checkpoint dtype before quantizing, so the stored
+    scale is exactly the one the weights were quantized with.
+    """
+    from compressed_tensors.quantization import QuantizationStrategy
+    from compressed_tensors.quantization.utils import calculate_qparams
+
+    value = weight.float()
+    out_features, in_features = value.shape
+    if args.strategy == QuantizationStrategy.CHANNEL:
+        reduce_view, reduce_dims = value, (1,)
+    elif args.strategy == QuantizationStrategy.GROUP:
+        groups = in_features // args.group_size
+        reduce_view = value.reshape(out_features, groups, args.group_size)
+        reduce_dims = (2,)
+    elif args.strategy == QuantizationStrategy.BLOCK:
+        block_rows, block_cols = args.block_structure
+        reduce_view = value.reshape(
+            out_features // block_rows, block_rows, in_features // block_cols, block_cols
+        )
+        reduce_dims = (1, 3)
+    else:
+        raise ValueError(f"unsupported weight strategy {args.strategy}")
+    min_values = reduce_view.amin(dim=reduce_dims)
+    max_values = reduce_view.amax(dim=reduce_dims)
+    if args.strategy == QuantizationStrategy.CHANNEL:
+        min_values, max_values = min_values[:, None], max_values[:, None]
+    scale, zero_point = calculate_qparams(min_values, max_values, args)
+    return scale.to(weight.dtype), zero_point
+
+
+def load_dequantized_weights(checkpoint_dir: str | Path) -> dict[str, torch.Tensor]:
+    """Float32 weights under checkpoint names, quantized layers dequantized."""
+    checkpoint = Path(checkpoint_dir)
+    tensors = load_file(checkpoint / "model.safetensors")
+    config = json.loads((checkpoint / "config.json").read_text())
+    quantization = config.get("quantization_config")
+    if quantization is not None:
+        tensors = _decompress(tensors, quantization)
+    return {name: value.float() for name, value in tensors.items()}
+
+
+def _decompress(tensors, quantization):
+    from compressed_tensors.compressors.pack_quantized.helpers import (
+        unpack_from_int32,
+    )
+    from compressed_tensors.quantization import QuantizationScheme
+    from compressed_tensors.quantization.lifecycle.forward import dequantize
+
+    # Dequantize with the scheme's own args: compressed-tensors' decompressors
+    # guess the strategy from the scale shape and take a (2, 1) block-scale
+    # grid for per-channel scales.
+    weight_args = QuantizationScheme.model_validate(quantization["config_groups"]["group_0"]).weights
+    plain = {}
+    for name, value in tensors.items():
+        module, _, kind = name.rpartition(".")
+        if kind == "weight_packed":
+            shape = torch.Size(tensors[f"{module}.weight_shape"].tolist())
+            value = unpack_from_int32(value, weight_args.num_bits, shape)
+        elif kind != "weight" or f"{module}.weight_scale" not in tensors:
+            if kind not in ("weight_scale", "weight_shape"):
+                plain[name] = value
+            continue
+        plain[f"{module}.weight"] = dequantize(
+            value,
+            tensors[f"{module}.weight_scale"],
+            args=weight_args,
+            dtype=torch.float32,
+        )
+    return plain
+
+
+# --- pure-torch reference --------------------------------------------------------
+
+
+def load_successor(checkpoint_dir: str | Path) -> list[int]:
+    return json.loads((Path(checkpoint_dir) / SUCCESSOR_FILE).read_text())
+
+
+def expected_continuation(successor, prompt, num_tokens: int) -> list[int]:
+    """The greedy output the engineered main model must produce."""
+    tokens, last = [], prompt[-1]
+    for _ in range(num_tokens):
+        last = successor[last]
+        tokens.append(last)
+    return tokens
+
+
+def default_prompts(count: int = 4, length: int = 6) -> list[list[int]]:
+    """Deterministic prompts with no repeated tokens within a prompt."""
+    return [[(97 * row + 37 * column + 3) % VOCAB_SIZE for column in range(length)] for row in range(count)]
+
+
+def _rms_norm(x, weight):
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS) * weight
+
+
+def _rotary(x, positions, rotary_dim):
+    """Neox-style RoPE over the first rotary_dim dimensions of each head, as vLLM's get_rope."""
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    inverse_frequency = 1.0 / (
+        ROPE_THETA ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
+    )
+    angles = positions[:, None].float() * inverse_frequency[None, :]
+    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :]
+    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :]
+    first, second = rotated.chunk(2, dim=-1)
+    return torch.cat([rotated * cos + torch.cat([-second, first], dim=-1) * sin, passed], dim=-1)
+
+
+class EngineeredReference:
+    """The engineered model's forward passes in plain float32 torch."""
+
+    def __init__(self, architecture: Architecture, weights: dict[str, torch.Tensor]):
+        self.architecture = architecture
+        self.weights = weights
+
+    def _linear(self, name, x):
+        out = x @ self.weights[f"{name}.weight"].T
+        bias = self.weights.get(f"{name}.bias")
+        return out if bias is None else out + bias
+
+    def _swiglu(self, prefix, x):
+        gate, up = self._linear(f"{prefix}.gate_proj", x), self._linear(f"{prefix}.up_proj", x)
+        return self._linear(f"{prefix}.down_proj", torch.nn.functional.silu(gate) * up)
+
+    def _moe(self, prefix, x):
+        """GLM-4.5 routing: sigmoid scores, bias-corrected top-k choice, renormalised weights."""
+        scores = self._linear(f"{prefix}.gate", x).sigmoid()
+        choice = scores + self.weights[f"{prefix}.gate.e_score_correction_bias"]
+        chosen = choice.topk(NUM_EXPERTS_PER_TOKEN, dim=-1).indices
+        routing = scores.gather(-1, chosen)
+        routing = routing / routing.sum(-1, keepdim=True)
+        outputs = torch.stack([self._swiglu(f"{prefix}.experts.{e}", x) for e in range(NUM_EXPERTS)], dim=1)
+        picked = outputs.gather(1, chosen[..., None].expand(-1, -1, HIDDEN_SIZE))
+        return self._swiglu(f"{prefix}.shared_experts", x) + (routing[..., None] * picked).sum(1)
+
+    def _decoder_layer(self, prefix, hidden, positions):
+        """One decoder layer; returns (mlp output, residual) like vLLM's."""
+        weights = self.weights
+        normed = _rms_norm(hidden, weights[f"{prefix}.input_layernorm.weight"])
+        q, k, v = (
+            self._linear(f"{prefix}.self_attn.{name}", normed).view(-1, NUM_ATTENTION_HEADS, HEAD_DIM)
+            for name in ("q_proj", "k_proj", "v_proj")
+        )
+        rotary_dim = self.architecture.rotary_dim
+        q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
+        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(HEAD_DIM)
+        causal = torch.ones(len(hidden), len(hidden), dtype=torch.bool).tril()
+        scores = scores.masked_fill(~causal, float("-inf"))
+        attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(len(hidden), HIDDEN_SIZE)
+        residual = hidden + self._linear(f"{prefix}.self_attn.o_proj", attended)
+        normed = _rms_norm(residual, weights[f"{prefix}.post_attention_layernorm.weight"])
+        if f"{prefix}.mlp.gate.weight" in weights:
+            return self._moe(f"{prefix}.mlp", normed), residual
+        return self._swiglu(f"{prefix}.mlp", normed), residual
+
+    def main_hidden_states(self, tokens):
+        """Pre-norm hidden states of the main model.
+
+        MiMo hands these to its MTP layer, GLM the normed ones; the MTP
+        layer's own hidden norm (weights all 1) makes the two the same.
+        """
+        tokens = torch.as_tensor(tokens)
+        positions = torch.arange(len(tokens))
+        hidden = self.weights["model.embed_tokens.weight"][tokens]
+        for layer in range(NUM_HIDDEN_LAYERS):
+            output, residual = self._decoder_layer(f"model.layers.{layer}", hidden, positions)
+            hidden = output + residual
+        return hidden
+
+    def main_logits(self, hidden):
+        return _rms_norm(hidden, self.weights["model.norm.weight"]) @ self.weights["lm_head.weight"].T
+
+    def mtp_forward(self, next_tokens, previous_hidden, positions):
+        """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""
+        architecture, weights = self.architecture, self.weights
+        mtp = architecture.mtp_prefix
+        embeds = weights["model.embed_tokens.weight"][torch.as_tensor(next_tokens)]
+        embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
+        parts = [
+            _rms_norm(embeds, weights[f"{mtp}.{architecture.embed_norm}.weight"]),
+            _rms_norm(previous_hidden, weights[f"{mtp}.{architecture.hidden_norm}.weight"]),
+        ]
+        if not architecture.embeds_first:
+            parts.reverse()
+        hidden = torch.cat(parts, dim=-1) @ weights[f"{mtp}.{architecture.projection}.weight"].T
+        output, residual = self._decoder_layer(mtp, hidden, positions)
+        mtp_hidden = output + residual
+        normed = _rms_norm(mtp_hidden, weights[f"{mtp}.{architecture.final_norm}.weight"])
+        return normed @ weights[architecture.head].T, mtp_hidden
+
+    def greedy_generate(self, prompt, num_tokens: int) -> list[int]:
+        tokens = list(prompt)
+        for _ in range(num_tokens):
+            hidden = self.main_hidden_states(tokens)
+            tokens.append(int(self.main_logits(hidden[-1:]).argmax()))
+        return tokens[len(prompt) :]
+
+    def draft_accuracies(self, sequence, first_position: int) -> tuple[float, float]:
+        """Fraction of right first and second MTP drafts along a greedy sequence.
+
+        Draft 1 at position p sees (hidden[p], token[p+1]) and must name token[p+2];
+        draft 2 re-runs the MTP layer on its own output and draft 1 (as vLLM does
+        with one MTP layer and k=2) and must name token[p+3].
+        """
+        hidden = self.main_hidden_states(sequence)
+        positions = torch.arange(len(sequence) - 1)
+        logits, mtp_hidden = self.mtp_forward(sequence[1:], hidden[:-1], positions)
+        first_drafts = logits.argmax(-1)
+        first_hits = [
+            int(first_drafts[p]) == sequence[p + 2] for p in range(first_position, len(sequence) - 2)
+        ]
+        second_hits = []
+        for p in range(first_position, len(sequence) - 3):
+            next_tokens = [*sequence[1 : p + 2], int(first_drafts[p])]
+            previous = torch.cat([hidden[: p + 1], mtp_hidden[p : p + 1]])
+            second_logits, _ = self.mtp_forward(next_tokens, previous, torch.arange(p + 2))
+            second_hits.append(int(second_logits[-1].argmax()) == sequence[p + 3])
+        return sum(first_hits) / len(first_hits), sum(second_hits) / len(second_hits)
+
+
+@dataclass(frozen=True)
+class EngineeringReport:
+    architecture: str
+    main_follows_chain: bool
+    draft_accuracy: float
+    second_draft_accuracy: float
+    # The best draft accuracy with any one essential group of MTP Linears zeroed.
+    zeroed_mtp_draft_accuracy: float
+    garbage_mtp_draft_accuracy: float
+
+    @property
+    def ok(self) -> bool:
+        return (
+            self.main_follows_chain
+            and self.draft_accuracy == 1.0
+            and self.second_draft_accuracy == 1.0
+            and self.zeroed_mtp_draft_accuracy < 0.05
+            and self.garbage_mtp_draft_accuracy < 0.05
+        )
+
+
+def verify_engineering(checkpoint_dir: str | Path, prompts=None, num_tokens: int = 24) -> EngineeringReport:
+    """Check a written checkpoint in pure torch (dequantizing quantized layers).
+
+    The main model must follow the successor chain; MTP drafts must all be
+    right with the block's weights and (almost) all wrong with its block
+    Linears replaced by noise, or with any essential group of them zeroed.
+    """
+    architecture = architecture_of(checkpoint_dir)
+    weights = load_dequantized_weights(checkpoint_dir)
+    successor = load_successor(checkpoint_dir)
+    prompts = prompts if prompts is not None else default_prompts()
+    reference = EngineeredReference(architecture, weights)
+
+    sequences, follows_chain = [], True
+    for prompt in prompts:
+        generated = reference.greedy_generate(prompt, num_tokens)
+        follows_chain &= generated == expected_continuation(successor, prompt, num_tokens)
+        sequences.append((list(prompt) + generated, len(prompt) - 1))
+
+    def mean_accuracies(layer_weights):
+        damaged = EngineeredReference(architecture, layer_weights)
+        pairs = [damaged.draft_accuracies(seq, start) for seq, start in sequences]
+        return (
+            sum(first for first, _ in pairs) / len(pairs),
+            sum(second for _, second in pairs) / len(pairs),
+        )
+
+    def replaced(modules, make):
+        replacements = {f"{module}.weight": make(weights[f"{module}.weight"].shape) for module in modules}
+        return {**weights, **replacements}
+
+    generator = torch.Generator().manual_seed(1)
+    garbage = replaced(architecture.mtp_block_linears, lambda shape: torch.randn(shape, generator=generator))
+    zeroed_accuracies = [
+        mean_accuracies(replaced(group, torch.zeros))[0] for group in architecture.mtp_essential_linears
+    ]
+
+    draft, second_draft = mean_accuracies(weights)
+    return EngineeringReport(
+        architecture=architecture.name,
+        main_follows_chain=follows_chain,
+        draft_accuracy=draft,
+        second_draft_accuracy=second_draft,
+        zeroed_mtp_draft_accuracy=max(zeroed_accuracies),
+        garbage_mtp_draft_accuracy=mean_accuracies(garbage)[0],
+    )

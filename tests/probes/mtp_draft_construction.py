@@ -1,0 +1,386 @@
+"""Probe: the quant method each linear of an MTP draft is built with, per checkpoint.
+
+Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH).
+For every architecture in ARCHITECTURES and every scenario in SCENARIOS it
+writes a tiny checkpoint: config.json with a compressed-tensors INT8 W8A8
+quantization_config (the main model's), and a model.safetensors holding the MTP
+layer's tensors in the scenario's format (BF16, INT8, or INT8 projections around
+a BF16 decoder block); only its header is read. It then builds the real
+ModelConfig, SpeculativeConfig(method="mtp") and VllmConfig, runs the target
+class's configure_quant_config as target loading does, and builds the draft as
+the proposer does: ``initialize_model`` on CPU with the draft's model_config and
+``mtp_draft_vllm_config(vllm_config)``, or ``vllm_config`` as is where vLLM has
+no ``mtp_draft_vllm_config`` (stock vLLM). Only CUDA-bound pieces are stood in
+for; each architecture names its own.
+
+Last stdout line: one JSON object, ``{"vllm_file": ..., "drafts": {architecture:
+{scenario: {"draft_quant_decision": ..., "linears": {module name: quant method
+class name}}}}}``, with ``{"error_type": ..., "error": ...}`` for a scenario
+whose construction raised.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import socket
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from unittest import mock
+
+import torch
+from safetensors.torch import save_file
+
+# INT8 W8A8, the compressed-tensors scheme vLLM's CPU backend can build.
+QUANTIZATION_CONFIG = {
+    "quant_method": "compressed-tensors",
+    "format": "int-quantized",
+    "config_groups": {
+        "group_0": {
+            "targets": ["Linear"],
+            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+            "input_activations": {
+                "num_bits": 8,
+                "type": "int",
+                "symmetric": True,
+                "strategy": "token",
+                "dynamic": True,
+            },
+        }
+    },
+}
+# vLLM cannot build INT8 MoE experts on CPU ("No Int8 MoE backend supports the
+# deployment configuration"), so every checkpoint here keeps its routed experts
+# in BF16 and ignores them, as quantizers often do; shared experts stay
+# quantizable. The MoE blocks themselves stay: real MTP layers have them.
+ROUTED_EXPERTS_IGNORE = r"re:.*\.experts\..*"
+
+
+@dataclass(frozen=True)
+class Architecture:
+    """A tiny checkpoint of one MTP architecture; module names are the checkpoint's."""
+
+    hf_config: dict
+    # Linears a quantizer quantizes: the MTP layer's own projections, and its decoder block's.
+    projections: tuple[str, ...]
+    block: tuple[str, ...]
+    # MTP modules every scenario stores in BF16 (routed experts, routers, heads).
+    always_bf16: tuple[str, ...] = ()
+    # CUDA-bound pieces replaced by mocks while the draft is built (dotted paths).
+    stand_ins: tuple[str, ...] = ()
+    quantization_config_extras: dict = field(default_factory=dict)
+
+
+def _names(prefix: str, *names: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}.{name}" for name in names)
+
+
+def _experts(prefix: str, count: int, *weights: str) -> tuple[str, ...]:
+    return tuple(f"{prefix}.{expert}.{weight}" for expert in range(count) for weight in weights)
+
+
+MLP = ("gate_proj", "up_proj", "down_proj")
+
+# MTP drafters that cannot run end to end on CPU. Not here: Qwen3.5 (qwen3_5_mtp),
+# whose qwen3_5.py imports qwen3_vl at module level, which imports transformers'
+# Qwen2-VL image processor, which needs torchvision (not in the test bed).
+ARCHITECTURES = {
+    "deepseek_v4": Architecture(
+        hf_config={
+            "architectures": ["DeepseekV4ForCausalLM"],
+            "model_type": "deepseek_v4",
+            "hidden_size": 64,
+            "num_hidden_layers": 2,
+            "num_nextn_predict_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "qk_rope_head_dim": 16,
+            "q_lora_rank": 32,
+            "o_lora_rank": 32,
+            "o_groups": 2,
+            "sliding_window": 16,
+            "compress_ratios": [0, 0, 0],
+            "compress_rope_theta": 10000.0,
+            "rope_theta": 10000.0,
+            "rope_parameters": {"rope_type": "default"},
+            "vocab_size": 128,
+            "rms_norm_eps": 1e-6,
+            "hc_eps": 1e-6,
+            "hc_mult": 2,
+            "hc_sinkhorn_iters": 2,
+            "index_topk": 4,
+            "n_routed_experts": 2,
+            "n_shared_experts": 1,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "num_hash_layers": 0,
+            "swiglu_limit": 7.0,
+            "norm_topk_prob": True,
+            "hidden_act": "silu",
+            "max_position_embeddings": 256,
+            "torch_dtype": "bfloat16",
+        },
+        projections=_names("mtp.0", "e_proj", "h_proj"),
+        block=(
+            *_names("mtp.0.attn", "wq_a", "wq_b", "wkv", "wo_a", "wo_b"),
+            *_names("mtp.0.ffn.shared_experts", "w1", "w2", "w3"),
+        ),
+        always_bf16=(
+            "mtp.0.ffn.gate",
+            "mtp.0.head",
+            *_experts("mtp.0.ffn.experts", 2, "w1", "w2", "w3"),
+        ),
+        stand_ins=(
+            "vllm.models.deepseek_v4.nvidia.model.DeepseekV4MultiHeadLatentAttentionWrapper",
+            "torch.cuda.Stream",
+        ),
+        # DeepseekV4Attention reads it from the checkpoint's quantization_config.
+        quantization_config_extras={"scale_fmt": None},
+    ),
+    "deepseek_v3": Architecture(
+        hf_config={
+            "architectures": ["DeepseekV3ForCausalLM"],
+            "model_type": "deepseek_v3",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "moe_intermediate_size": 32,
+            "num_hidden_layers": 1,
+            "num_nextn_predict_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 2,
+            "n_shared_experts": 1,
+            "n_routed_experts": 2,
+            "num_experts_per_tok": 1,
+            "n_group": 1,
+            "topk_group": 1,
+            "first_k_dense_replace": 0,
+            "q_lora_rank": 32,
+            "kv_lora_rank": 32,
+            "qk_nope_head_dim": 16,
+            "qk_rope_head_dim": 16,
+            "v_head_dim": 16,
+            "vocab_size": 128,
+            "max_position_embeddings": 256,
+            "torch_dtype": "bfloat16",
+        },
+        projections=("model.layers.1.eh_proj",),
+        block=(
+            *_names(
+                "model.layers.1.self_attn",
+                "q_a_proj",
+                "q_b_proj",
+                "kv_a_proj_with_mqa",
+                "kv_b_proj",
+                "o_proj",
+            ),
+            *_names("model.layers.1.mlp.shared_experts", *MLP),
+        ),
+        always_bf16=(
+            "model.layers.1.mlp.gate",
+            "model.layers.1.shared_head.head",
+            *_experts("model.layers.1.mlp.experts", 2, *MLP),
+        ),
+        stand_ins=("vllm.model_executor.models.deepseek_v2.MultiHeadLatentAttentionWrapper",),
+    ),
+    "qwen3_next": Architecture(
+        hf_config={
+            "architectures": ["Qwen3NextForCausalLM"],
+            "model_type": "qwen3_next",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 2,
+            "layer_types": ["linear_attention", "full_attention"],
+            "num_nextn_predict_layers": 1,
+            "num_attention_heads": 2,
+            "num_key_value_heads": 1,
+            "head_dim": 32,
+            "linear_num_key_heads": 2,
+            "linear_num_value_heads": 2,
+            "linear_key_head_dim": 32,
+            "linear_value_head_dim": 32,
+            "num_experts": 2,
+            "num_experts_per_tok": 1,
+            "moe_intermediate_size": 32,
+            "shared_expert_intermediate_size": 32,
+            "vocab_size": 128,
+            "max_position_embeddings": 256,
+            "torch_dtype": "bfloat16",
+        },
+        projections=("mtp.fc",),
+        block=(
+            *_names("mtp.layers.0.self_attn", "q_proj", "k_proj", "v_proj", "o_proj"),
+            *_names("mtp.layers.0.mlp.shared_expert", *MLP),
+        ),
+        always_bf16=(
+            "mtp.layers.0.mlp.gate",
+            "mtp.layers.0.mlp.shared_expert_gate",
+            *_experts("mtp.layers.0.mlp.experts", 2, *MLP),
+        ),
+    ),
+    # Dense MTP block, as Step-3.5's is: only layers 1..N-1 (or moe_layers_enum) are MoE.
+    "step3p5": Architecture(
+        hf_config={
+            "architectures": ["Step3p5ForCausalLM"],
+            "model_type": "step3p5",
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 1,
+            "num_nextn_predict_layers": 1,
+            "num_attention_heads": 2,
+            "num_attention_groups": 1,
+            "head_dim": 32,
+            "vocab_size": 128,
+            "max_position_embeddings": 256,
+            "torch_dtype": "bfloat16",
+        },
+        projections=("model.layers.1.eh_proj",),
+        block=(
+            *_names("model.layers.1.self_attn", "q_proj", "k_proj", "v_proj", "o_proj"),
+            *_names("model.layers.1.mlp", *MLP),
+        ),
+        always_bf16=("model.layers.1.shared_head.output",),
+    ),
+}
+
+# How a checkpoint stores the MTP layer: scenario -> (projections quantized, block quantized).
+SCENARIOS = {
+    "bf16": (False, False),
+    "int8_w8a8": (True, True),
+    "bf16_block": (True, False),
+}
+
+
+def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> None:
+    quantization_config = {
+        **QUANTIZATION_CONFIG,
+        **architecture.quantization_config_extras,
+        "ignore": ["lm_head", ROUTED_EXPERTS_IGNORE],
+    }
+    hf_config = {**architecture.hf_config, "quantization_config": quantization_config}
+    (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
+    projections_quantized, block_quantized = SCENARIOS[scenario]
+    quantized = (architecture.projections if projections_quantized else ()) + (
+        architecture.block if block_quantized else ()
+    )
+    # Tiny tensors: only the dtypes and names in the header are read.
+    tensors = {}
+    for module in architecture.projections + architecture.block + architecture.always_bf16:
+        if module in quantized:
+            tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.int8)
+            tensors[f"{module}.weight_scale"] = torch.ones(2, 1, dtype=torch.float32)
+        else:
+            tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
+    save_file(tensors, checkpoint_dir / "model.safetensors")
+
+
+def build_vllm_config(checkpoint_dir: Path):
+    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
+
+    model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
+    speculative_config = SpeculativeConfig(
+        method="mtp",
+        num_speculative_tokens=1,
+        target_model_config=model_config,
+        target_parallel_config=ParallelConfig(),
+    )
+    return VllmConfig(model_config=model_config, speculative_config=speculative_config)
+
+
+def draft_vllm_config(vllm_config):
+    """What the proposer builds the draft with: stock vLLM passes vllm_config as is."""
+    try:
+        from vllm.model_executor.models.utils import mtp_draft_vllm_config
+    except ImportError:
+        return vllm_config
+    return mtp_draft_vllm_config(vllm_config)
+
+
+def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
+    """Quant method class of every linear, MoE and embedding or head module of the draft."""
+    from vllm.model_executor.layers.fused_moe import FusedMoE
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    described = {}
+    for name, module in draft.named_modules():
+        if isinstance(module, (LinearBase, FusedMoE, VocabParallelEmbedding)):
+            described[name] = type(module.quant_method).__name__
+        elif isinstance(module, torch.nn.Linear):
+            # Some drafters build eh_proj as a plain torch Linear: never quantized.
+            described[name] = "torch.nn.Linear"
+    return described
+
+
+def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> dict:
+    from vllm.model_executor.model_loader.utils import (
+        configure_quant_config,
+        get_model_architecture,
+        initialize_model,
+    )
+    from vllm.utils.torch_utils import set_default_torch_dtype
+
+    write_checkpoint(checkpoint_dir, architecture, scenario)
+    vllm_config = build_vllm_config(checkpoint_dir)
+    draft_model_config = vllm_config.speculative_config.draft_model_config
+    # Target loading runs first and adapts the quant config the draft may share.
+    target_class, _ = get_model_architecture(vllm_config.model_config)
+    configure_quant_config(vllm_config.quant_config, target_class)
+
+    with contextlib.ExitStack() as stack:
+        for stand_in in architecture.stand_ins:
+            stack.enter_context(mock.patch(stand_in))
+        stack.enter_context(set_default_torch_dtype(draft_model_config.dtype))
+        stack.enter_context(torch.device("cpu"))
+        draft = initialize_model(vllm_config=draft_vllm_config(vllm_config), model_config=draft_model_config)
+
+    decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
+    return {
+        "draft_quant_decision": decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
+        "linears": describe_linears(draft),
+    }
+
+
+def run_scenario(architecture: Architecture, scenario: str) -> dict:
+    with tempfile.TemporaryDirectory(prefix="mtpq-construct-") as checkpoint_dir:
+        try:
+            return build_draft_and_describe(Path(checkpoint_dir), architecture, scenario)
+        # Any construction failure is a finding to report, not a probe crash.
+        except Exception as exc:  # noqa: BLE001
+            return {"error_type": type(exc).__name__, "error": str(exc)}
+
+
+def init_single_process_distributed() -> None:
+    from vllm.config import VllmConfig, set_current_vllm_config
+    from vllm.distributed import init_distributed_environment, initialize_model_parallel
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with set_current_vllm_config(VllmConfig()):
+        init_distributed_environment(
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            distributed_init_method=f"tcp://127.0.0.1:{port}",
+            backend="gloo",
+        )
+        initialize_model_parallel(tensor_model_parallel_size=1)
+
+
+def main() -> None:
+    import vllm
+
+    init_single_process_distributed()
+    drafts = {
+        name: {scenario: run_scenario(architecture, scenario) for scenario in SCENARIOS}
+        for name, architecture in ARCHITECTURES.items()
+    }
+    sys.stdout.flush()
+    print(json.dumps({"vllm_file": vllm.__file__, "drafts": drafts}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

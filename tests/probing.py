@@ -1,0 +1,49 @@
+"""Run a tests/probes/<name>.py script under the patched or the unpatched vLLM and read its verdict.
+
+Shared by the pytest fixtures and the benchmarks. The patched vLLM is the running interpreter's
+site-packages (the test bed, patched with `apply.py --installed`); the unpatched one is the engine
+wheel's `vllm/` unpacked on its own and put first on PYTHONPATH.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+PROBES = Path(__file__).resolve().parent / "probes"
+VARIANTS = ("unpatched", "patched")
+
+
+class ProbeError(RuntimeError):
+    pass
+
+
+def run_probe(name: str, variant: str, unpatched_vllm: Path, patched_vllm: Path, *args: str) -> dict:
+    """The probe's last stdout line as JSON; fails unless it imported the expected vLLM."""
+    if variant not in VARIANTS:
+        raise ValueError(f"variant must be one of {VARIANTS}, not {variant!r}")
+    vllm_dir = unpatched_vllm if variant == "unpatched" else patched_vllm
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(unpatched_vllm) if variant == "unpatched" else "",
+        # vLLM caches model-class checks by each model file's hash: one cache per variant keeps
+        # alternating variants from re-checking every architecture (~20 s each) at every switch.
+        "VLLM_CACHE_ROOT": str(unpatched_vllm.parent / f"vllm-cache-{variant}"),
+    }
+    done = subprocess.run(
+        [sys.executable, str(PROBES / f"{name}.py"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=PROBES.parent,
+    )
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        raise ProbeError(f"probe {name} ({variant}) exited {done.returncode}:\n{done.stderr[-4000:]}")
+    verdict = json.loads(lines[-1])
+    if not verdict.get("vllm_file", "").startswith(str(vllm_dir)):
+        raise ProbeError(f"probe {name} imported vllm from {verdict.get('vllm_file')}, not {vllm_dir}")
+    return verdict
