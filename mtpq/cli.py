@@ -45,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument(
         "--export", action="store_true", help="regenerate patches/ from the commits on --vllm-src"
     )
+    action.add_argument(
+        "--series-id", action="store_true", help="print the series id (it names wheels and images) and exit"
+    )
     parser.add_argument("--branch", help="branch for the series (default mtpq/v<version>)")
     parser.add_argument(
         "--rebase",
@@ -79,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args: argparse.Namespace) -> int:
     pin = load_pin()
     series = load_series(args.patches)
+    if args.series_id:
+        print(series.series_id)
+        return 0
     if args.installed:
         return _run_installed(args, pin, series)
     if args.wheel:

@@ -91,3 +91,21 @@ def test_damaged_patch_is_reported(series_copy, damage, message):
     patch.write_text(damage(patch.read_text()))
     with pytest.raises(SeriesError, match=message):
         load_series(series_copy)
+
+
+def test_series_id_flag_prints_the_id_alone(run_apply, series):
+    done = run_apply("--series-id")
+    assert (done.returncode, done.stdout) == (0, f"{series.series_id}\n"), done.stderr
+
+
+def test_series_id_follows_the_patch_contents(run_apply, series, series_copy):
+    patch = _first_patch(series_copy)
+    patch.write_text(patch.read_text() + "\n")
+    done = run_apply("--series-id", "--patches", str(series_copy))
+    assert done.returncode == 0 and done.stdout.strip() not in ("", series.series_id), done.stderr
+
+
+def test_series_id_of_a_broken_series_is_refused(run_apply, series_copy):
+    (series_copy / "series").write_text(2 * (_first_patch(series_copy).name + "\n"))
+    done = run_apply("--series-id", "--patches", str(series_copy))
+    assert (done.returncode, done.stdout) == (2, "") and "listed more than once" in done.stderr
