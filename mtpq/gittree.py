@@ -118,8 +118,17 @@ def _applies(repo, patch: Path, *flags: str, env: dict[str, str]) -> tuple[bool,
         return False, str(error.stderr)
 
 
+def _whole_series_upstream(repo, series: Series) -> bool:
+    """Whether HEAD already carries the whole series: it reverse-applies, last patch first.
+    (One patch alone may not reverse once later patches changed the lines around it.)"""
+    with _scratch_index(repo) as env:
+        return all(_applies(repo, patch.path, "--reverse", env=env)[0] for patch in reversed(series.patches))
+
+
 def plan(repo, series: Series) -> list[PatchResult]:
     """What applying the series on HEAD would do, without touching the tree or its index."""
+    if _whole_series_upstream(repo, series):
+        return [PatchResult(patch.name, status.ALREADY_UPSTREAM) for patch in series.patches]
     results: list[PatchResult] = []
     with _scratch_index(repo) as env:
         for patch in series.patches:

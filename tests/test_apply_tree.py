@@ -8,12 +8,19 @@ from pathlib import Path
 import pytest
 from conftest import git
 
+from mtpq.series import load_series
+
+
+def statuses(stdout: str) -> dict[str, str]:
+    """Patch name -> status, from apply.py's table (indented, names padded to one width)."""
+    return dict(line.split(maxsplit=1) for line in stdout.splitlines() if line.startswith("  "))
+
 
 def test_series_applies_one_commit_per_patch_keeping_author_and_message(run_apply, scratch_tree, series, pin):
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 0, done.stderr
     for patch in series.patches:
-        assert f"{patch.name}  applied\n" in done.stdout
+        assert statuses(done.stdout)[patch.name] == "applied"
     assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == pin.branch
     log = git(scratch_tree, "log", "--reverse", "--format=%an <%ae>%x09%s", f"{pin.tag}..HEAD").splitlines()
     assert log == [f"{patch.author}\t{patch.subject}" for patch in series.patches]
@@ -74,7 +81,7 @@ def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratc
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 1
-    assert f"{series.patches[0].name}  conflict: " in done.stdout and path in done.stdout
+    assert statuses(done.stdout)[series.patches[0].name].startswith("conflict: ") and path in done.stdout
     assert "Nothing was changed" in done.stderr and "--rebase" in done.stderr
     assert snapshot(scratch_tree) == before
 
@@ -100,9 +107,8 @@ def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
     )
     assert exported.returncode == 0, exported.stderr
     assert sorted(p.name for p in patches.glob("*.patch")) == sorted(p.name for p in series.patches)
-    assert (patches / "series").read_text().splitlines()[-len(series.patches) :] == [
-        p.name for p in series.patches
-    ]
+    assert [p.name for p in load_series(patches).patches] == [p.name for p in series.patches]
+    assert (patches / "series").read_text() == (series.directory / "series").read_text()
 
 
 def test_export_of_the_applied_series_reproduces_the_patch_files(
