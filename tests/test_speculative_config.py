@@ -9,28 +9,12 @@ from __future__ import annotations
 import json
 
 import pytest
+from probes.mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG
 from safetensors.torch import load_file, save_file
 
 PROBE = "speculative_config"
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-INT8_DRAFT = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-            "input_activations": {
-                "num_bits": 8,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "token",
-                "dynamic": True,
-            },
-        }
-    },
-}
-OPTIONS = {"auto": "auto", "inherit": "inherit", "none": "none", "dict": INT8_DRAFT}
+OPTIONS = {"auto": "auto", "inherit": "inherit", "none": "none", "dict": INT8_W8A8_QUANTIZATION_CONFIG}
 BAD_OPTIONS = {
     "unknown-name": ("bf16", ["'auto'", "'inherit'", "'none'"]),
     "unknown-method": ({"quant_method": "not-a-method"}, ["not-a-method", "compressed-tensors", "fp8"]),

@@ -21,6 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, mtp_vllm_config
 
 NUM_HIDDEN_LAYERS = 2
 DRAFT_LAYER_PREFIX = f"model.layers.{NUM_HIDDEN_LAYERS}"
@@ -29,31 +30,6 @@ DRAFT_LAYER_PREFIX = f"model.layers.{NUM_HIDDEN_LAYERS}"
 IGNORE_SCENARIOS = {
     "exact_names": ["lm_head", "mtp.0.e_proj", "mtp.0.h_proj", "mtp.0.head"],
     "whole_block_regex": ["lm_head", "re:.*mtp.*"],
-}
-
-# INT8 W8A8, the compressed-tensors scheme vLLM's CPU backend can build.
-QUANTIZATION_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {
-                "num_bits": 8,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "channel",
-                "dynamic": False,
-            },
-            "input_activations": {
-                "num_bits": 8,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "token",
-                "dynamic": True,
-            },
-        }
-    },
 }
 
 TINY_DSV4_CONFIG = {
@@ -78,19 +54,10 @@ TINY_DSV4_CONFIG = {
 
 
 def build_vllm_config(checkpoint_dir: Path, ignore: list[str]):
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
-
-    quantization_config = {**QUANTIZATION_CONFIG, "ignore": ignore}
+    quantization_config = {**INT8_W8A8_QUANTIZATION_CONFIG, "ignore": ignore}
     hf_config = {**TINY_DSV4_CONFIG, "quantization_config": quantization_config}
     (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
-    model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
-    speculative_config = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=1,
-        target_model_config=model_config,
-        target_parallel_config=ParallelConfig(),
-    )
-    return VllmConfig(model_config=model_config, speculative_config=speculative_config)
+    return mtp_vllm_config(checkpoint_dir)
 
 
 def init_single_process_distributed() -> None:

@@ -31,26 +31,9 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, mtp_vllm_config
 from safetensors.torch import save_file
 
-# INT8 W8A8, the compressed-tensors scheme vLLM's CPU backend can build.
-QUANTIZATION_CONFIG = {
-    "quant_method": "compressed-tensors",
-    "format": "int-quantized",
-    "config_groups": {
-        "group_0": {
-            "targets": ["Linear"],
-            "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-            "input_activations": {
-                "num_bits": 8,
-                "type": "int",
-                "symmetric": True,
-                "strategy": "token",
-                "dynamic": True,
-            },
-        }
-    },
-}
 # vLLM cannot build INT8 MoE experts on CPU ("No Int8 MoE backend supports the
 # deployment configuration"), so every checkpoint here keeps its routed experts
 # in BF16 and ignores them, as quantizers often do; shared experts stay
@@ -255,7 +238,7 @@ SCENARIOS = {
 
 def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> None:
     quantization_config = {
-        **QUANTIZATION_CONFIG,
+        **INT8_W8A8_QUANTIZATION_CONFIG,
         **architecture.quantization_config_extras,
         "ignore": ["lm_head", ROUTED_EXPERTS_IGNORE],
     }
@@ -274,19 +257,6 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
         else:
             tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
     save_file(tensors, checkpoint_dir / "model.safetensors")
-
-
-def build_vllm_config(checkpoint_dir: Path):
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
-
-    model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
-    speculative_config = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=1,
-        target_model_config=model_config,
-        target_parallel_config=ParallelConfig(),
-    )
-    return VllmConfig(model_config=model_config, speculative_config=speculative_config)
 
 
 def draft_vllm_config(vllm_config):
@@ -323,7 +293,7 @@ def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, s
     from vllm.utils.torch_utils import set_default_torch_dtype
 
     write_checkpoint(checkpoint_dir, architecture, scenario)
-    vllm_config = build_vllm_config(checkpoint_dir)
+    vllm_config = mtp_vllm_config(checkpoint_dir)
     draft_model_config = vllm_config.speculative_config.draft_model_config
     # Target loading runs first and adapts the quant config the draft may share.
     target_class, _ = get_model_architecture(vllm_config.model_config)
