@@ -23,7 +23,6 @@ from e2e_cases import CASES, MTP, QUANTIZED_MTP  # noqa: E402
 from probing import run_probe  # noqa: E402
 from run import ensure_unpatched_vllm  # noqa: E402
 
-MAKERS = {"mimo": checkpoints.make_mimo_mtp_checkpoint, "glm4_moe": checkpoints.make_glm4_moe_mtp_checkpoint}
 # A DeepSeek-V3-shaped checkpoint (61 decoder layers + 1 MTP layer, 256 FP8 block-scaled experts a
 # layer, one shard a layer) whose tensor data is a sparse hole: only its headers are real.
 DSV3_LAYERS, DSV3_EXPERTS, DSV3_HIDDEN, DSV3_EXPERT_DIM = 61, 256, 7168, 2048
@@ -48,17 +47,22 @@ def describe(report: dict) -> str:
 def acceptance_table(scratch: Path) -> None:
     print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM 0.22.1 -> with the series (auto)")
     for case in [*CASES, QUANTIZED_MTP]:
-        checkpoint = MAKERS[case.arch](scratch / case.name(), case.quant, **case.options)
+        architecture = checkpoints.ARCHITECTURES[case.arch]
+        checkpoint = checkpoints.make_checkpoint(
+            architecture, scratch / case.name(), case.quant, **case.options
+        )
         before = engine_report("unpatched", checkpoint, MTP)
         after = engine_report("patched", checkpoint, MTP)
         print(f"  {case.name():32} {describe(before):60} -> {describe(after)}", flush=True)
-    for arch, make in MAKERS.items():
-        report = engine_report("patched", make(scratch / f"{arch}-bf16", "bf16"), MTP)
+    for arch, architecture in checkpoints.ARCHITECTURES.items():
+        report = engine_report(
+            "patched", checkpoints.make_checkpoint(architecture, scratch / f"{arch}-bf16"), MTP
+        )
         print(f"  {arch + '-bf16 (baseline)':32} {describe(report)}", flush=True)
 
 
 def startup_table(scratch: Path, runs: int) -> None:
-    checkpoint = checkpoints.make_mimo_mtp_checkpoint(scratch / "startup", "int8_w8a8")
+    checkpoint = checkpoints.make_checkpoint(checkpoints.MIMO, scratch / "startup", "int8_w8a8")
     print(f"engine start-up, MTP off, mimo int8_w8a8, {runs} run(s) each (s)")
     for variant in ("unpatched", "patched"):
         times = [engine_report(variant, checkpoint, None)["startup_s"] for _ in range(runs)]
@@ -127,7 +131,7 @@ def detector_table(scratch: Path) -> None:
         ("mimo int8_w8a8 (engineered, tiny)", scratch / "detector-mimo", 2),
         ("DeepSeek-V3-shaped FP8, sparse", scratch / "dsv3", DSV3_LAYERS),
     ]
-    checkpoints.make_mimo_mtp_checkpoint(rows[0][1], "int8_w8a8")
+    checkpoints.make_checkpoint(checkpoints.MIMO, rows[0][1], "int8_w8a8")
     rows[1][1].mkdir()
     write_sparse_dsv3_checkpoint(rows[1][1])
     for label, directory, num_hidden_layers in rows:

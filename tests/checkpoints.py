@@ -1,4 +1,4 @@
-"""Engineered tiny MTP checkpoints (MiMo, GLM-4.5 MoE) for proving MTP drafts on the real engine.
+"""Engineered tiny MTP checkpoints (MiMo, GLM-4.5 MoE, Step-3.5) proving MTP drafts on the real engine.
 
 Random weights give ~0 % draft acceptance whether or not the MTP block is
 loaded correctly, so they cannot tell a broken draft from a working one.
@@ -59,6 +59,9 @@ EOS_TOKEN_ID = 1
 # GLM-4.5 MoE: the first layer is dense, the second and the MTP layer are MoE
 # (vLLM's Glm4MoeForCausalLM refuses a model without an MoE layer).
 FIRST_K_DENSE_REPLACE = 1
+# Step-3.5: the second layer is MoE (Step3p5ForCausalLM refuses a model without
+# one too); the MTP layer stays dense.
+STEP3P5_MOE_LAYERS = (1,)
 NUM_EXPERTS = 4
 NUM_EXPERTS_PER_TOKEN = 2
 # Full rank: the MTP experts must express a rotation of the hidden state.
@@ -106,10 +109,32 @@ def _mlp_linears(mlp_prefix: str) -> list[str]:
     return [f"{mlp_prefix}.{name}" for name in _MLP_PROJECTIONS]
 
 
-def _expert_linears(layer_prefix: str) -> list[str]:
-    return [
-        name for expert in range(NUM_EXPERTS) for name in _mlp_linears(f"{layer_prefix}.mlp.experts.{expert}")
-    ]
+@dataclass(frozen=True)
+class MoeLayout:
+    """Where an MoE layer keeps its router and experts (names relative to the layer), and how it routes."""
+
+    router: str
+    router_bias: str  # a tensor name; it shifts the choice of experts, not their weights
+    shared_expert: str
+    routed_experts: str  # expert e lives under f"{routed_experts}.{e}"
+    scoring: str  # "sigmoid" or "softmax" of the router logits
+
+
+GLM4_MOE_LAYOUT = MoeLayout(
+    router="mlp.gate",
+    router_bias="mlp.gate.e_score_correction_bias",
+    shared_expert="mlp.shared_experts",
+    routed_experts="mlp.experts",
+    scoring="sigmoid",
+)
+# Step-3.5 keeps its shared expert beside, not inside, the MoE module.
+STEP3P5_MOE_LAYOUT = MoeLayout(
+    router="moe.gate",
+    router_bias="moe.router_bias",
+    shared_expert="share_expert",
+    routed_experts="moe.experts",
+    scoring="softmax",
+)
 
 
 @dataclass(frozen=True)
@@ -133,27 +158,47 @@ class Architecture:
     head: str  # full checkpoint name of the weight the MTP logits use
     embeds_first: bool
     rotary_dim: int
-    first_moe_layer: int | None  # layers from here on, the MTP layer included, are MoE
+    moe_layers: tuple[int, ...] = ()  # layer NUM_HIDDEN_LAYERS is the MTP layer
+    moe_layout: MoeLayout | None = None
+    attention_bias: bool = True  # q/k/v projections have biases
+    qk_norm: bool = False  # per-head RMSNorm of q and k before RoPE
+    # Gemma-style RMSNorm scales by (offset + weight): the unit norm stores 1 - offset.
+    norm_weight_offset: float = 0.0
+    # DeepSeek-style MTP layers zero the token embedding at position 0.
+    mtp_zeroes_first_embedding: bool = True
     extra_files: dict = field(default_factory=dict, repr=False)
 
     @property
     def name(self) -> str:
-        return self.hf_config["architectures"][0]
+        return self.hf_config["model_type"]
 
     def layer_prefix(self, layer: int) -> str:
         return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"model.layers.{layer}"
 
     def is_moe(self, layer: int) -> bool:
-        return self.first_moe_layer is not None and layer >= self.first_moe_layer
+        return layer in self.moe_layers
+
+    def unit_norm(self, size: int = HIDDEN_SIZE) -> torch.Tensor:
+        """RMSNorm weights that leave the normalised input unscaled."""
+        return torch.full((size,), 1.0 - self.norm_weight_offset)
+
+    def dense_mlp(self, layer: int) -> str:
+        """The dense MLP of a dense layer, the shared expert of an MoE one."""
+        prefix = self.layer_prefix(layer)
+        return f"{prefix}.{self.moe_layout.shared_expert}" if self.is_moe(layer) else f"{prefix}.mlp"
+
+    def routed_experts(self, layer: int) -> list[str]:
+        if not self.is_moe(layer):
+            return []
+        experts = f"{self.layer_prefix(layer)}.{self.moe_layout.routed_experts}"
+        return [f"{experts}.{expert}" for expert in range(NUM_EXPERTS)]
 
     def quantizable_linears(self, layer: int) -> list[str]:
         """Attention and dense (or shared-expert) MLP Linears of one layer."""
-        prefix = self.layer_prefix(layer)
-        mlp = f"{prefix}.mlp.shared_experts" if self.is_moe(layer) else f"{prefix}.mlp"
-        return _attention_linears(prefix) + _mlp_linears(mlp)
+        return _attention_linears(self.layer_prefix(layer)) + _mlp_linears(self.dense_mlp(layer))
 
     def routed_expert_linears(self, layer: int) -> list[str]:
-        return _expert_linears(self.layer_prefix(layer)) if self.is_moe(layer) else []
+        return [name for expert in self.routed_experts(layer) for name in _mlp_linears(expert)]
 
     @property
     def main_quantized_linears(self) -> list[str]:
@@ -171,10 +216,10 @@ class Architecture:
     @property
     def mtp_essential_linears(self) -> list[list[str]]:
         """Groups of MTP Linears each of which the drafts need on its own."""
-        prefix = self.mtp_prefix
-        if not self.is_moe(NUM_HIDDEN_LAYERS):
-            return [_mlp_linears(f"{prefix}.mlp")]
-        return [_mlp_linears(f"{prefix}.mlp.shared_experts"), _expert_linears(prefix)]
+        groups = [_mlp_linears(self.dense_mlp(NUM_HIDDEN_LAYERS))]
+        if self.is_moe(NUM_HIDDEN_LAYERS):
+            groups.append(self.routed_expert_linears(NUM_HIDDEN_LAYERS))
+        return groups
 
     def ignore_list(self, style: str) -> list[str]:
         """compressed-tensors ``ignore``: everything left BF16, the MTP layer as ignore_style says."""
@@ -252,6 +297,38 @@ def _glm4_moe_config() -> dict:
     }
 
 
+def _step3p5_config() -> dict:
+    return {
+        "architectures": ["Step3p5ForCausalLM"],
+        "model_type": "step3p5",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_attention_groups": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        "moe_layers_enum": ",".join(map(str, STEP3P5_MOE_LAYERS)),
+        "moe_num_experts": NUM_EXPERTS,
+        "moe_top_k": NUM_EXPERTS_PER_TOKEN,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "share_expert_dim": MOE_INTERMEDIATE_SIZE,
+        # vLLM's CPU MoE asserts softmax scoring for a model without expert groups (sigmoid fails).
+        "moe_router_activation": STEP3P5_MOE_LAYOUT.scoring,
+        "moe_router_scaling_factor": 1.0,
+        "norm_expert_weight": True,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "max_seq_len": MAX_POSITION_EMBEDDINGS,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
 MIMO = Architecture(
     hf_config=_mimo_config(),
     mtp_prefix="model.mtp_layers.0",
@@ -263,49 +340,46 @@ MIMO = Architecture(
     head="lm_head.weight",
     embeds_first=False,
     rotary_dim=HEAD_DIM,
-    first_moe_layer=None,
     extra_files={"configuration_mimo.py": _CONFIGURATION_MIMO},
 )
 
-# GLM-4.5 keeps its MTP layer as decoder layer number num_hidden_layers, with
-# its own copy of the head under shared_head.
+# GLM-4.5 and Step-3.5 keep their MTP layer as decoder layer number
+# num_hidden_layers, with its own copy of the head under shared_head.
+_MTP_AS_LAST_DECODER_LAYER = {
+    "mtp_prefix": f"model.layers.{NUM_HIDDEN_LAYERS}",
+    "mtp_ignore_regex": rf"re:.*layers\.{NUM_HIDDEN_LAYERS}\..*",
+    "embed_norm": "enorm",
+    "hidden_norm": "hnorm",
+    "projection": "eh_proj",
+    "final_norm": "shared_head.norm",
+    "embeds_first": True,
+}
+
 GLM4_MOE = Architecture(
     hf_config=_glm4_moe_config(),
-    mtp_prefix=f"model.layers.{NUM_HIDDEN_LAYERS}",
-    mtp_ignore_regex=rf"re:.*layers\.{NUM_HIDDEN_LAYERS}\..*",
-    embed_norm="enorm",
-    hidden_norm="hnorm",
-    projection="eh_proj",
-    final_norm="shared_head.norm",
+    **_MTP_AS_LAST_DECODER_LAYER,
     head=f"model.layers.{NUM_HIDDEN_LAYERS}.shared_head.head.weight",
-    embeds_first=True,
     rotary_dim=int(HEAD_DIM * GLM_PARTIAL_ROTARY_FACTOR),
-    first_moe_layer=FIRST_K_DENSE_REPLACE,
+    moe_layers=tuple(range(FIRST_K_DENSE_REPLACE, NUM_HIDDEN_LAYERS + 1)),
+    moe_layout=GLM4_MOE_LAYOUT,
 )
 
-ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE)}
+# Step-3.5 layers are Gemma-style (norms scale by 1 + weight, per-head q/k
+# norms) without attention bias, and its MTP layer keeps position 0's embedding.
+STEP3P5 = Architecture(
+    hf_config=_step3p5_config(),
+    **_MTP_AS_LAST_DECODER_LAYER,
+    head=f"model.layers.{NUM_HIDDEN_LAYERS}.shared_head.output.weight",
+    rotary_dim=HEAD_DIM,
+    moe_layers=STEP3P5_MOE_LAYERS,
+    moe_layout=STEP3P5_MOE_LAYOUT,
+    attention_bias=False,
+    qk_norm=True,
+    norm_weight_offset=1.0,
+    mtp_zeroes_first_embedding=False,
+)
 
-
-def make_mimo_mtp_checkpoint(
-    out_dir: str | Path,
-    quant: str = "bf16",
-    *,
-    ignore_style: str = "names",
-    quantize_mtp: bool = False,
-    seed: int = 0,
-) -> Path:
-    """A tiny MiMo (dense, Qwen2 layers) checkpoint with its MTP layer at ``model.mtp_layers.0``."""
-    return make_checkpoint(
-        MIMO, out_dir, quant, ignore_style=ignore_style, quantize_mtp=quantize_mtp, seed=seed
-    )
-
-
-def make_glm4_moe_mtp_checkpoint(
-    out_dir: str | Path, quant: str = "bf16", *, ignore_style: str = "names", seed: int = 0
-) -> Path:
-    """A tiny GLM-4.5 MoE checkpoint (layer 0 dense, layer 1 MoE) with its MoE MTP layer at
-    ``model.layers.2``."""
-    return make_checkpoint(GLM4_MOE, out_dir, quant, ignore_style=ignore_style, seed=seed)
+ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5)}
 
 
 def make_checkpoint(
@@ -365,7 +439,7 @@ def make_checkpoint(
 
 def architecture_of(checkpoint_dir: str | Path) -> Architecture:
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
-    return ARCHITECTURES[config["architectures"][0]]
+    return ARCHITECTURES[config["model_type"]]
 
 
 def build_engineered_weights(
@@ -397,11 +471,11 @@ def build_engineered_weights(
 
     weights = {
         "model.embed_tokens.weight": embed,
-        "model.norm.weight": torch.ones(HIDDEN_SIZE),
+        "model.norm.weight": architecture.unit_norm(),
         "lm_head.weight": lm_head,
     }
     for layer in range(NUM_HIDDEN_LAYERS):
-        weights.update(_random_layer(architecture.layer_prefix(layer), randn, moe=architecture.is_moe(layer)))
+        weights.update(_random_layer(architecture, layer, randn))
 
     # The projection rotates the token embedding (keeping coordinate 0); the
     # MTP MLP computes the inverse rotation, so the block is needed to undo it.
@@ -412,19 +486,18 @@ def build_engineered_weights(
     mtp = architecture.mtp_prefix
     weights.update(
         {
-            f"{mtp}.{architecture.embed_norm}.weight": torch.ones(HIDDEN_SIZE),
-            f"{mtp}.{architecture.hidden_norm}.weight": torch.ones(HIDDEN_SIZE),
-            f"{mtp}.{architecture.final_norm}.weight": torch.ones(HIDDEN_SIZE),
+            f"{mtp}.{architecture.embed_norm}.weight": architecture.unit_norm(),
+            f"{mtp}.{architecture.hidden_norm}.weight": architecture.unit_norm(),
+            f"{mtp}.{architecture.final_norm}.weight": architecture.unit_norm(),
             f"{mtp}.{architecture.projection}.weight": projection,
         }
     )
     weights.setdefault(architecture.head, lm_head.clone())
-    moe = architecture.is_moe(NUM_HIDDEN_LAYERS)
-    weights.update(_random_layer(mtp, randn, moe=moe, output_gain=MTP_ATTENTION_GAIN))
-    if moe:
-        weights.update(_inverse_rotation_moe(mtp, rotation, _random_rotation(randn)))
+    weights.update(_random_layer(architecture, NUM_HIDDEN_LAYERS, randn, output_gain=MTP_ATTENTION_GAIN))
+    if architecture.is_moe(NUM_HIDDEN_LAYERS):
+        weights.update(_inverse_rotation_moe(architecture, rotation, _random_rotation(randn)))
     else:
-        weights.update(_linear_swiglu(f"{mtp}.mlp", rotation.T, MTP_MLP_GAIN))
+        weights.update(_linear_swiglu(architecture.dense_mlp(NUM_HIDDEN_LAYERS), rotation.T, MTP_MLP_GAIN))
     return weights, successor
 
 
@@ -435,27 +508,31 @@ def _random_rotation(randn) -> torch.Tensor:
     return rotation
 
 
-def _random_layer(prefix, randn, *, moe: bool, output_gain: float = MAIN_SUBLAYER_GAIN):
+def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER_GAIN):
     """A decoder layer whose sublayers add ~output_gain of the residual's RMS."""
     hidden = HIDDEN_SIZE
-    layer = {
-        f"{prefix}.input_layernorm.weight": torch.ones(hidden),
-        f"{prefix}.post_attention_layernorm.weight": torch.ones(hidden),
+    prefix = architecture.layer_prefix(layer)
+    weights = {
+        f"{prefix}.input_layernorm.weight": architecture.unit_norm(),
+        f"{prefix}.post_attention_layernorm.weight": architecture.unit_norm(),
         f"{prefix}.self_attn.o_proj.weight": randn(hidden, hidden) * output_gain / math.sqrt(hidden),
     }
-    if moe:
-        layer[f"{prefix}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
-        layer[f"{prefix}.mlp.gate.e_score_correction_bias"] = torch.zeros(NUM_EXPERTS)
-        for mlp in [f"{prefix}.mlp.shared_experts"] + [
-            f"{prefix}.mlp.experts.{expert}" for expert in range(NUM_EXPERTS)
-        ]:
-            layer.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
+    if architecture.is_moe(layer):
+        moe = architecture.moe_layout
+        weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
+        weights[f"{prefix}.{moe.router_bias}"] = torch.zeros(NUM_EXPERTS)
+        for mlp in [architecture.dense_mlp(layer), *architecture.routed_experts(layer)]:
+            weights.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
     else:
-        layer.update(_random_mlp(f"{prefix}.mlp", INTERMEDIATE_SIZE, randn, output_gain))
+        weights.update(_random_mlp(architecture.dense_mlp(layer), INTERMEDIATE_SIZE, randn, output_gain))
     for projection in ("q_proj", "k_proj", "v_proj"):
-        layer[f"{prefix}.self_attn.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
-        layer[f"{prefix}.self_attn.{projection}.bias"] = 0.02 * randn(hidden)
-    return layer
+        weights[f"{prefix}.self_attn.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
+        if architecture.attention_bias:
+            weights[f"{prefix}.self_attn.{projection}.bias"] = 0.02 * randn(hidden)
+    if architecture.qk_norm:
+        for norm in ("q_norm", "k_norm"):
+            weights[f"{prefix}.self_attn.{norm}.weight"] = architecture.unit_norm(HEAD_DIM)
+    return weights
 
 
 def _random_mlp(prefix, inner, randn, output_gain):
@@ -467,7 +544,7 @@ def _random_mlp(prefix, inner, randn, output_gain):
     }
 
 
-def _inverse_rotation_moe(prefix, rotation, decoy):
+def _inverse_rotation_moe(architecture, rotation, decoy):
     """MoE weights computing MTP_MLP_GAIN * rotation.T @ x.
 
     The shared expert adds a decoy rotation MTP_DECOY_RATIO times larger;
@@ -475,15 +552,15 @@ def _inverse_rotation_moe(prefix, rotation, decoy):
     to 1, so the routed output cancels the decoy whichever experts are picked.
     """
     weights = _linear_swiglu(
-        f"{prefix}.mlp.shared_experts",
+        architecture.dense_mlp(NUM_HIDDEN_LAYERS),
         rotation.T + MTP_DECOY_RATIO * decoy,
         MTP_MLP_GAIN,
         MOE_INTERMEDIATE_SIZE,
     )
-    for expert in range(NUM_EXPERTS):
+    for expert in architecture.routed_experts(NUM_HIDDEN_LAYERS):
         weights.update(
             _linear_swiglu(
-                f"{prefix}.mlp.experts.{expert}",
+                expert,
                 -MTP_DECOY_RATIO * decoy,
                 MTP_MLP_GAIN,
                 MOE_INTERMEDIATE_SIZE,
@@ -700,6 +777,9 @@ class EngineeredReference:
         self.architecture = architecture
         self.weights = weights
 
+    def _norm(self, name, x):
+        return _rms_norm(x, self.weights[f"{name}.weight"] + self.architecture.norm_weight_offset)
+
     def _linear(self, name, x):
         out = x @ self.weights[f"{name}.weight"].T
         bias = self.weights.get(f"{name}.bias")
@@ -709,70 +789,79 @@ class EngineeredReference:
         gate, up = self._linear(f"{prefix}.gate_proj", x), self._linear(f"{prefix}.up_proj", x)
         return self._linear(f"{prefix}.down_proj", torch.nn.functional.silu(gate) * up)
 
-    def _moe(self, prefix, x):
-        """GLM-4.5 routing: sigmoid scores, bias-corrected top-k choice, renormalised weights."""
-        scores = self._linear(f"{prefix}.gate", x).sigmoid()
-        choice = scores + self.weights[f"{prefix}.gate.e_score_correction_bias"]
+    def _moe(self, layer, x):
+        """Sigmoid or softmax router scores, bias-corrected top-k choice, renormalised weights."""
+        architecture = self.architecture
+        prefix, moe = architecture.layer_prefix(layer), architecture.moe_layout
+        logits = self._linear(f"{prefix}.{moe.router}", x)
+        scores = logits.sigmoid() if moe.scoring == "sigmoid" else logits.softmax(-1)
+        choice = scores + self.weights[f"{prefix}.{moe.router_bias}"]
         chosen = choice.topk(NUM_EXPERTS_PER_TOKEN, dim=-1).indices
         routing = scores.gather(-1, chosen)
         routing = routing / routing.sum(-1, keepdim=True)
-        outputs = torch.stack([self._swiglu(f"{prefix}.experts.{e}", x) for e in range(NUM_EXPERTS)], dim=1)
+        outputs = torch.stack(
+            [self._swiglu(expert, x) for expert in architecture.routed_experts(layer)], dim=1
+        )
         picked = outputs.gather(1, chosen[..., None].expand(-1, -1, HIDDEN_SIZE))
-        return self._swiglu(f"{prefix}.shared_experts", x) + (routing[..., None] * picked).sum(1)
+        return self._swiglu(architecture.dense_mlp(layer), x) + (routing[..., None] * picked).sum(1)
 
-    def _decoder_layer(self, prefix, hidden, positions):
+    def _decoder_layer(self, layer, hidden, positions):
         """One decoder layer; returns (mlp output, residual) like vLLM's."""
-        weights = self.weights
-        normed = _rms_norm(hidden, weights[f"{prefix}.input_layernorm.weight"])
+        architecture = self.architecture
+        prefix = architecture.layer_prefix(layer)
+        normed = self._norm(f"{prefix}.input_layernorm", hidden)
         q, k, v = (
             self._linear(f"{prefix}.self_attn.{name}", normed).view(-1, NUM_ATTENTION_HEADS, HEAD_DIM)
             for name in ("q_proj", "k_proj", "v_proj")
         )
-        rotary_dim = self.architecture.rotary_dim
+        if architecture.qk_norm:
+            q, k = self._norm(f"{prefix}.self_attn.q_norm", q), self._norm(f"{prefix}.self_attn.k_norm", k)
+        rotary_dim = architecture.rotary_dim
         q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
         scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(HEAD_DIM)
         causal = torch.ones(len(hidden), len(hidden), dtype=torch.bool).tril()
         scores = scores.masked_fill(~causal, float("-inf"))
         attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(len(hidden), HIDDEN_SIZE)
         residual = hidden + self._linear(f"{prefix}.self_attn.o_proj", attended)
-        normed = _rms_norm(residual, weights[f"{prefix}.post_attention_layernorm.weight"])
-        if f"{prefix}.mlp.gate.weight" in weights:
-            return self._moe(f"{prefix}.mlp", normed), residual
-        return self._swiglu(f"{prefix}.mlp", normed), residual
+        normed = self._norm(f"{prefix}.post_attention_layernorm", residual)
+        if architecture.is_moe(layer):
+            return self._moe(layer, normed), residual
+        return self._swiglu(architecture.dense_mlp(layer), normed), residual
 
     def main_hidden_states(self, tokens):
         """Pre-norm hidden states of the main model.
 
-        MiMo hands these to its MTP layer, GLM the normed ones; the MTP
-        layer's own hidden norm (weights all 1) makes the two the same.
+        MiMo and Step-3.5 hand these to their MTP layer, GLM the normed ones; the MTP
+        layer's own hidden norm (unit weights) makes the two the same.
         """
         tokens = torch.as_tensor(tokens)
         positions = torch.arange(len(tokens))
         hidden = self.weights["model.embed_tokens.weight"][tokens]
         for layer in range(NUM_HIDDEN_LAYERS):
-            output, residual = self._decoder_layer(f"model.layers.{layer}", hidden, positions)
+            output, residual = self._decoder_layer(layer, hidden, positions)
             hidden = output + residual
         return hidden
 
     def main_logits(self, hidden):
-        return _rms_norm(hidden, self.weights["model.norm.weight"]) @ self.weights["lm_head.weight"].T
+        return self._norm("model.norm", hidden) @ self.weights["lm_head.weight"].T
 
     def mtp_forward(self, next_tokens, previous_hidden, positions):
         """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""
         architecture, weights = self.architecture, self.weights
         mtp = architecture.mtp_prefix
         embeds = weights["model.embed_tokens.weight"][torch.as_tensor(next_tokens)]
-        embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
+        if architecture.mtp_zeroes_first_embedding:
+            embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         parts = [
-            _rms_norm(embeds, weights[f"{mtp}.{architecture.embed_norm}.weight"]),
-            _rms_norm(previous_hidden, weights[f"{mtp}.{architecture.hidden_norm}.weight"]),
+            self._norm(f"{mtp}.{architecture.embed_norm}", embeds),
+            self._norm(f"{mtp}.{architecture.hidden_norm}", previous_hidden),
         ]
         if not architecture.embeds_first:
             parts.reverse()
         hidden = torch.cat(parts, dim=-1) @ weights[f"{mtp}.{architecture.projection}.weight"].T
-        output, residual = self._decoder_layer(mtp, hidden, positions)
+        output, residual = self._decoder_layer(NUM_HIDDEN_LAYERS, hidden, positions)
         mtp_hidden = output + residual
-        normed = _rms_norm(mtp_hidden, weights[f"{mtp}.{architecture.final_norm}.weight"])
+        normed = self._norm(f"{mtp}.{architecture.final_norm}", mtp_hidden)
         return normed @ weights[architecture.head].T, mtp_hidden
 
     def greedy_generate(self, prompt, num_tokens: int) -> list[int]:

@@ -169,17 +169,13 @@ def engineered_checkpoint(tmp_path_factory):
     checkpoints.py), written once per session and shared by every test that asks for the same one."""
     import checkpoints
 
-    makers = {
-        "mimo": checkpoints.make_mimo_mtp_checkpoint,
-        "glm4_moe": checkpoints.make_glm4_moe_mtp_checkpoint,
-    }
     built: dict[tuple, Path] = {}
 
     def make(quant: str, arch: str = "mimo", **options) -> Path:
         key = (arch, quant, *sorted(options.items()))
         if key not in built:
             out = tmp_path_factory.mktemp("-".join([arch, quant, *map(str, options.values())]))
-            built[key] = makers[arch](out, quant, **options)
+            built[key] = checkpoints.make_checkpoint(checkpoints.ARCHITECTURES[arch], out, quant, **options)
         return built[key]
 
     return make

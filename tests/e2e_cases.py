@@ -37,6 +37,14 @@ CASES = [
         "KeyError: 'model.layers.2.mtp_block.mlp.experts.w2_weight'",
         ignore_style="unlisted",
     ),
+    # Stock Step-3.5 loads no compressed-tensors MTP draft at all: its strict loader wants the KV-cache
+    # scales such a config adds (patch 0010); with the BF16 block built quantized it fails there too.
+    Case(
+        "step3p5",
+        "int8_w8a8",
+        "are not in the checkpoint and will falsely use random initialization",
+        ignore_style="unlisted",
+    ),
 ]
 # Where draft_quant_config's explicit choices are checked (one engine start each).
 CHOICE_CASES = [case for case in CASES if case.arch == "mimo" and not case.options]

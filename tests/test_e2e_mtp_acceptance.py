@@ -48,7 +48,7 @@ def assert_lossless_full_acceptance(report: dict, without_mtp: dict) -> None:
     assert report["outputs"] == without_mtp["outputs"]
 
 
-@pytest.mark.parametrize("arch", ["mimo", "glm4_moe"])
+@pytest.mark.parametrize("arch", ["mimo", "glm4_moe", "step3p5"])
 def test_bf16_checkpoint_accepts_every_draft(engine, arch):
     """The baseline the quantized cases must reach."""
     report = engine("patched", arch, "bf16", {}, {})

@@ -14,14 +14,18 @@ ignore list, or ``{"error_type": ..., "error": ...}`` when construction raises.
 
 import copy
 import json
-import socket
 import sys
 import tempfile
 from pathlib import Path
 from unittest import mock
 
 import torch
-from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, mtp_vllm_config
+from mtp_vllm import (
+    INT8_W8A8_QUANTIZATION_CONFIG,
+    failure,
+    init_single_process_distributed,
+    mtp_vllm_config,
+)
 
 NUM_HIDDEN_LAYERS = 2
 DRAFT_LAYER_PREFIX = f"model.layers.{NUM_HIDDEN_LAYERS}"
@@ -58,25 +62,6 @@ def build_vllm_config(checkpoint_dir: Path, ignore: list[str]):
     hf_config = {**TINY_DSV4_CONFIG, "quantization_config": quantization_config}
     (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
     return mtp_vllm_config(checkpoint_dir)
-
-
-def init_single_process_distributed() -> None:
-    from vllm.distributed import (
-        init_distributed_environment,
-        initialize_model_parallel,
-    )
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    init_distributed_environment(
-        world_size=1,
-        rank=0,
-        local_rank=0,
-        distributed_init_method=f"tcp://127.0.0.1:{port}",
-        backend="gloo",
-    )
-    initialize_model_parallel(tensor_model_parallel_size=1)
 
 
 def describe(module: torch.nn.Module) -> dict:
@@ -130,15 +115,13 @@ def run_scenario(ignore: list[str]) -> dict:
             return build_draft_and_describe(Path(checkpoint_dir), ignore)
         # Any construction failure is a finding to report, not a probe crash.
         except Exception as exc:  # noqa: BLE001
-            return {"error_type": type(exc).__name__, "error": str(exc)}
+            return failure(exc)
 
 
 def main() -> None:
     import vllm
-    from vllm.config import VllmConfig, set_current_vllm_config
 
-    with set_current_vllm_config(VllmConfig()):
-        init_single_process_distributed()
+    init_single_process_distributed()
     result = {name: run_scenario(ignore) for name, ignore in IGNORE_SCENARIOS.items()}
     result["vllm_file"] = vllm.__file__
     sys.stdout.flush()

@@ -21,9 +21,7 @@ whose construction raised.
 
 from __future__ import annotations
 
-import contextlib
 import json
-import socket
 import sys
 import tempfile
 from dataclasses import dataclass, field
@@ -31,7 +29,12 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, mtp_vllm_config
+from mtp_vllm import (
+    INT8_W8A8_QUANTIZATION_CONFIG,
+    build_mtp_draft,
+    failure,
+    init_single_process_distributed,
+)
 from safetensors.torch import save_file
 
 # vLLM cannot build INT8 MoE experts on CPU ("No Int8 MoE backend supports the
@@ -259,15 +262,6 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
     save_file(tensors, checkpoint_dir / "model.safetensors")
 
 
-def draft_vllm_config(vllm_config):
-    """What the proposer builds the draft with: stock vLLM passes vllm_config as is."""
-    try:
-        from vllm.model_executor.models.utils import mtp_draft_vllm_config
-    except ImportError:
-        return vllm_config
-    return mtp_draft_vllm_config(vllm_config)
-
-
 def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
     """Quant method class of every linear, MoE and embedding or head module of the draft."""
     from vllm.model_executor.layers.fused_moe import FusedMoE
@@ -285,27 +279,10 @@ def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
 
 
 def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> dict:
-    from vllm.model_executor.model_loader.utils import (
-        configure_quant_config,
-        get_model_architecture,
-        initialize_model,
-    )
-    from vllm.utils.torch_utils import set_default_torch_dtype
-
     write_checkpoint(checkpoint_dir, architecture, scenario)
-    vllm_config = mtp_vllm_config(checkpoint_dir)
-    draft_model_config = vllm_config.speculative_config.draft_model_config
-    # Target loading runs first and adapts the quant config the draft may share.
-    target_class, _ = get_model_architecture(vllm_config.model_config)
-    configure_quant_config(vllm_config.quant_config, target_class)
-
-    with contextlib.ExitStack() as stack:
-        for stand_in in architecture.stand_ins:
-            stack.enter_context(mock.patch(stand_in))
-        stack.enter_context(set_default_torch_dtype(draft_model_config.dtype))
-        stack.enter_context(torch.device("cpu"))
-        draft = initialize_model(vllm_config=draft_vllm_config(vllm_config), model_config=draft_model_config)
-
+    draft, vllm_config = build_mtp_draft(
+        checkpoint_dir, stand_ins=[mock.patch(stand_in) for stand_in in architecture.stand_ins]
+    )
     decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
     return {
         "draft_quant_decision": decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
@@ -319,25 +296,7 @@ def run_scenario(architecture: Architecture, scenario: str) -> dict:
             return build_draft_and_describe(Path(checkpoint_dir), architecture, scenario)
         # Any construction failure is a finding to report, not a probe crash.
         except Exception as exc:  # noqa: BLE001
-            return {"error_type": type(exc).__name__, "error": str(exc)}
-
-
-def init_single_process_distributed() -> None:
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import init_distributed_environment, initialize_model_parallel
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    with set_current_vllm_config(VllmConfig()):
-        init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{port}",
-            backend="gloo",
-        )
-        initialize_model_parallel(tensor_model_parallel_size=1)
+            return failure(exc)
 
 
 def main() -> None:

@@ -1,0 +1,247 @@
+"""Probe: the MTP draft of Step-3.5 quantized checkpoints, built and loaded (seed 002).
+
+Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH).
+Each run writes a tiny Step3p5ForCausalLM checkpoint: config.json with the
+``quantization_config`` ModelOpt (0.31 and later) exports for NVFP4 (quant_method
+"modelopt", quant_algo "NVFP4", group size 16, lm_head excluded) or a
+compressed-tensors INT8 W8A8 one, and a model.safetensors holding only what the
+draft loads (the MTP layer ``model.layers.{num_hidden_layers}.*`` and
+``model.embed_tokens``) with small random values, stored one of four ways: every
+tensor BF16 (what seed 002's grafted checkpoint holds); the MTP decoder block's
+linears as ModelOpt NVFP4 (U8 weight [out, in/2], F8_E4M3 weight_scale
+[out, in/16], F32 scalar weight_scale_2 and input_scale); as INT8 W8A8; or as INT8
+W8A8 with the MTP head too — all around BF16 norms, eh_proj, head and embeddings.
+
+For every run in RUNS it builds the draft as the proposer does (see
+mtp_vllm.build_mtp_draft), records the patched draft_quant_decision and the quant
+method of every linear, embedding and head, then loads the checkpoint through
+the engine's DefaultModelLoader. Runs that set draft_quant_config are left out
+under stock vLLM, which has no such option.
+
+Last stdout line: one JSON object, ``{"vllm_file": ..., "hf_config": {...},
+"runs": {run: {"draft_quant_decision": ..., "linears": {module: quant method},
+"load": {"parameters": [...], "loaded": [...]}}}}``. A load that raised reports
+``{"error_type", "error"}``; when a shape assertion raised it (stock vLLM's bare
+one, or the one patched vLLM rewraps), also ``param_shape`` and ``loaded_shape``
+from the asserting frame, the draft ``parameter`` Step3p5MTP.load_weights was
+filling and the parameters it had filled before (``loaded_before``). A run whose
+draft could not be built is ``{"error_type", "error"}``.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+from unittest import mock
+
+import torch
+from mtp_draft_construction import describe_linears
+from mtp_vllm import (
+    INT8_W8A8_QUANTIZATION_CONFIG,
+    build_mtp_draft,
+    failure,
+    init_single_process_distributed,
+    load_mtp_draft_weights,
+)
+from safetensors.torch import save_file
+
+NUM_HIDDEN_LAYERS = 1
+MTP_LAYER = f"model.layers.{NUM_HIDDEN_LAYERS}"
+# NVFP4 packs two values a byte and scales each group of 16 inputs: every in-feature count
+# (hidden, intermediate, heads x head_dim) is a multiple of 32.
+HF_CONFIG = {
+    "architectures": ["Step3p5ForCausalLM"],
+    "model_type": "step3p5",
+    "hidden_size": 128,
+    "intermediate_size": 256,
+    "num_hidden_layers": NUM_HIDDEN_LAYERS,
+    "num_nextn_predict_layers": 1,
+    "num_attention_heads": 2,
+    "num_attention_groups": 1,
+    "head_dim": 64,
+    "vocab_size": 128,
+    "max_position_embeddings": 256,
+    "torch_dtype": "bfloat16",
+}
+NVFP4_GROUP_SIZE = 16
+MODELOPT_NVFP4_QUANTIZATION_CONFIG = {
+    "quant_method": "modelopt",
+    "quant_algo": "NVFP4",
+    "group_size": NVFP4_GROUP_SIZE,
+    # config.json's name for hf_quant_config.json's exclude_modules.
+    "ignore": ["lm_head"],
+    "producer": {"name": "modelopt", "version": "0.31.0"},
+}
+
+# Checkpoint linears of the MTP decoder block: name -> (out features, in features).
+_HIDDEN = HF_CONFIG["hidden_size"]
+_INTERMEDIATE = HF_CONFIG["intermediate_size"]
+_Q_WIDTH = HF_CONFIG["num_attention_heads"] * HF_CONFIG["head_dim"]
+_KV_WIDTH = HF_CONFIG["num_attention_groups"] * HF_CONFIG["head_dim"]
+BLOCK_LINEARS = {
+    f"{MTP_LAYER}.self_attn.q_proj": (_Q_WIDTH, _HIDDEN),
+    f"{MTP_LAYER}.self_attn.k_proj": (_KV_WIDTH, _HIDDEN),
+    f"{MTP_LAYER}.self_attn.v_proj": (_KV_WIDTH, _HIDDEN),
+    f"{MTP_LAYER}.self_attn.o_proj": (_HIDDEN, _Q_WIDTH),
+    f"{MTP_LAYER}.mlp.gate_proj": (_INTERMEDIATE, _HIDDEN),
+    f"{MTP_LAYER}.mlp.up_proj": (_INTERMEDIATE, _HIDDEN),
+    f"{MTP_LAYER}.mlp.down_proj": (_HIDDEN, _INTERMEDIATE),
+}
+# Every other tensor the draft loads, always BF16: name -> shape.
+BF16_TENSORS = {
+    "model.embed_tokens.weight": (HF_CONFIG["vocab_size"], _HIDDEN),
+    f"{MTP_LAYER}.eh_proj.weight": (_HIDDEN, 2 * _HIDDEN),
+    f"{MTP_LAYER}.shared_head.output.weight": (HF_CONFIG["vocab_size"], _HIDDEN),
+    **{
+        f"{MTP_LAYER}.{norm}.weight": (_HIDDEN,)
+        for norm in ("enorm", "hnorm", "shared_head.norm", "input_layernorm", "post_attention_layernorm")
+    },
+    **{f"{MTP_LAYER}.self_attn.{norm}.weight": (HF_CONFIG["head_dim"],) for norm in ("q_norm", "k_norm")},
+}
+
+# vLLM registers no NVFP4 GEMM kernel for the CPU platform, so ModelOptNvFp4LinearMethod's
+# constructor fails to pick one ("Failed to find a kernel that can implement the NVFP4 linear
+# layer"). Only that choice is stood in for: create_weights still builds the real packed
+# parameters, and loading weights never reaches the kernel.
+NVFP4_KERNEL_CHOICE = "vllm.model_executor.layers.quantization.modelopt.init_nvfp4_linear_kernel"
+
+# compressed-tensors INT8 W8A8 checkpoints with an INT8 MTP block (patch 0010: their KV-cache
+# scales), one of them from a quantizer that also took the MTP layer's head, a target that reaches
+# the draft's head only under the head's name (patch 0009).
+MTP_HEAD = f"{MTP_LAYER}.shared_head.output"
+INT8_QUANTIZATION_CONFIG = {**INT8_W8A8_QUANTIZATION_CONFIG, "ignore": ["lm_head"]}
+INT8_WITH_HEAD_QUANTIZATION_CONFIG = {
+    **INT8_QUANTIZATION_CONFIG,
+    "config_groups": {
+        "group_0": {
+            **INT8_W8A8_QUANTIZATION_CONFIG["config_groups"]["group_0"],
+            "targets": ["Linear", r"re:.*\.shared_head\..*"],
+        }
+    },
+}
+QUANTIZATION_CONFIGS = {
+    "bf16": MODELOPT_NVFP4_QUANTIZATION_CONFIG,
+    "nvfp4": MODELOPT_NVFP4_QUANTIZATION_CONFIG,
+    "int8": INT8_QUANTIZATION_CONFIG,
+    "int8_with_head": INT8_WITH_HEAD_QUANTIZATION_CONFIG,
+}
+
+# run -> (storage, draft_quant_config or None for the default, "auto").
+RUNS = {
+    "bf16+auto": ("bf16", None),
+    "nvfp4+auto": ("nvfp4", None),
+    "bf16+inherit": ("bf16", "inherit"),
+    "nvfp4+none": ("nvfp4", "none"),
+    "int8+auto": ("int8", None),
+    "int8_with_head+auto": ("int8_with_head", None),
+}
+
+
+def nvfp4_tensors(module: str, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
+    """What ModelOpt writes for one NVFP4 linear (random packed values, plausible scales)."""
+    return {
+        f"{module}.weight": torch.randint(0, 256, (out_features, in_features // 2), dtype=torch.uint8),
+        f"{module}.weight_scale": torch.rand(out_features, in_features // NVFP4_GROUP_SIZE).to(
+            torch.float8_e4m3fn
+        ),
+        f"{module}.weight_scale_2": torch.tensor(1e-3, dtype=torch.float32),
+        f"{module}.input_scale": torch.tensor(1e-2, dtype=torch.float32),
+    }
+
+
+def int8_tensors(module: str, out_features: int, in_features: int) -> dict[str, torch.Tensor]:
+    """What compressed-tensors writes for one INT8 W8A8 linear (per-channel scales)."""
+    return {
+        f"{module}.weight": torch.randint(-127, 128, (out_features, in_features), dtype=torch.int8),
+        f"{module}.weight_scale": torch.full((out_features, 1), 1e-3),
+    }
+
+
+def write_checkpoint(checkpoint_dir: Path, storage: str) -> None:
+    hf_config = {**HF_CONFIG, "quantization_config": QUANTIZATION_CONFIGS[storage]}
+    (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
+    tensors = {name: 0.02 * torch.randn(shape, dtype=torch.bfloat16) for name, shape in BF16_TENSORS.items()}
+    if storage == "int8_with_head":
+        tensors |= int8_tensors(MTP_HEAD, HF_CONFIG["vocab_size"], _HIDDEN)
+    for module, (out_features, in_features) in BLOCK_LINEARS.items():
+        if storage == "nvfp4":
+            tensors |= nvfp4_tensors(module, out_features, in_features)
+        elif storage.startswith("int8"):
+            tensors |= int8_tensors(module, out_features, in_features)
+        else:
+            tensors[f"{module}.weight"] = 0.02 * torch.randn(out_features, in_features, dtype=torch.bfloat16)
+    save_file(tensors, checkpoint_dir / "model.safetensors")
+
+
+def shape_assertion(error: AssertionError) -> dict:
+    """What a bare ``assert param.shape == loaded.shape`` compared, read from the traceback: both
+    shapes (innermost frame), the draft parameter Step3p5MTP.load_weights was filling and the
+    parameters it had filled before."""
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
+    innermost = frames[-1].f_locals
+    param = innermost.get("param_data", innermost.get("self"))
+    loader = next(frame.f_locals for frame in reversed(frames) if "loaded_params" in frame.f_locals)
+    return {
+        "param_shape": list(param.data.shape),
+        "loaded_shape": list(innermost["loaded_weight"].shape),
+        "parameter": loader["name"],
+        "loaded_before": sorted(loader["loaded_params"]),
+    }
+
+
+def load_failure(error: Exception) -> dict:
+    """The failure; for a shape assertion (stock vLLM's, or the one patched vLLM turns into a
+    ValueError) also what it compared."""
+    assertion = error if isinstance(error, AssertionError) else error.__cause__
+    if isinstance(assertion, AssertionError):
+        return failure(error) | shape_assertion(assertion)
+    return failure(error)
+
+
+def load_and_describe(draft, vllm_config) -> dict:
+    try:
+        loaded = load_mtp_draft_weights(draft, vllm_config)
+    # A loading failure is a finding to report, not a probe crash.
+    except Exception as exc:  # noqa: BLE001
+        return load_failure(exc)
+    return {"parameters": sorted(name for name, _ in draft.named_parameters()), "loaded": sorted(loaded)}
+
+
+def run(storage: str, draft_quant_config: str | None) -> dict:
+    options = {"draft_quant_config": draft_quant_config} if draft_quant_config else None
+    with tempfile.TemporaryDirectory(prefix="mtpq-step3p5-") as checkpoint_dir:
+        write_checkpoint(Path(checkpoint_dir), storage)
+        try:
+            draft, vllm_config = build_mtp_draft(
+                Path(checkpoint_dir), stand_ins=[mock.patch(NVFP4_KERNEL_CHOICE)], speculative_options=options
+            )
+        # A construction failure is a finding to report, not a probe crash.
+        except Exception as exc:  # noqa: BLE001
+            return failure(exc)
+        decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
+        return {
+            "draft_quant_decision": decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
+            "linears": describe_linears(draft),
+            "load": load_and_describe(draft, vllm_config),
+        }
+
+
+def main() -> None:
+    import vllm
+    from vllm.config import SpeculativeConfig
+
+    init_single_process_distributed()
+    torch.manual_seed(0)
+    has_option = "draft_quant_config" in SpeculativeConfig.__dataclass_fields__
+    runs = {
+        name: run(storage, option) for name, (storage, option) in RUNS.items() if option is None or has_option
+    }
+    sys.stdout.flush()
+    print(json.dumps({"vllm_file": vllm.__file__, "hf_config": HF_CONFIG, "runs": runs}, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,194 @@
+"""Issue 4, Step-3.5: the MTP draft of a ModelOpt NVFP4 checkpoint whose MTP block is BF16 (seed 002)
+or NVFP4 (patches 0002-0006), and of compressed-tensors INT8 checkpoints (patches 0009, 0010), built
+and loaded.
+
+tests/probes/step3p5_mtp.py writes tiny Step3p5ForCausalLM checkpoints with ModelOpt's NVFP4
+quantization_config (lm_head excluded) or a compressed-tensors INT8 W8A8 one, and only the tensors
+the draft loads, builds the draft the way the proposer does with draft_quant_config "auto",
+"inherit" or "none", and loads it through the engine's default loader. Only the NVFP4 GEMM kernel
+choice is stood in for (vLLM has none for CPU). One probe process per vLLM variant.
+
+ModelOpt never quantizes an embedding or a head, so the MTP layer's shared_head.head, eh_proj (a
+plain torch Linear) and embed_tokens stay unquantized whatever the decision: only the decoder block
+follows the checkpoint.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+PROBE = "step3p5_mtp"
+MTP_LAYER = "model.layers.1"
+NVFP4 = "ModelOptNvFp4LinearMethod"
+INT8 = "CompressedTensorsLinearMethod"
+UNQUANTIZED = {"UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "torch.nn.Linear"}
+BLOCK_LINEARS = {
+    f"{MTP_LAYER}.mtp_block.{name}"
+    for name in ("self_attn.qkv_proj", "self_attn.o_proj", "mlp.gate_up_proj", "mlp.down_proj")
+}
+# Checkpoints may omit KV-cache parameters (scales; compressed-tensors adds zero points); vLLM's
+# loaders let them keep their defaults.
+KV_CACHE_PARAMETERS = {
+    f"{MTP_LAYER}.mtp_block.self_attn.attn.{name}"
+    for name in (
+        "k_scale",
+        "v_scale",
+        "q_scale",
+        "prob_scale",
+        "k_zero_point",
+        "v_zero_point",
+        "q_zero_point",
+    )
+}
+SHAPE_MISMATCH = "MTP draft parameter does not match the shape of checkpoint tensor"
+NO_PARAMETER = "MTP draft has no parameter for checkpoint tensor"
+NVFP4_SCALES = ("input_scale", "weight_scale", "weight_scale_2")
+
+
+@pytest.fixture(scope="module")
+def run(vllm_probe):
+    """`run(variant, name)`: the draft of one probe run (see RUNS in the probe), built."""
+
+    def built(variant: str, name: str) -> dict:
+        result = vllm_probe(PROBE, variant)["runs"][name]
+        assert "error" not in result, f"{name} draft not built: {result}"
+        return result
+
+    return built
+
+
+@pytest.fixture(scope="module")
+def hf_config(vllm_probe):
+    """The probe checkpoints' config.json (a constant of the probe, the same under both variants)."""
+    return vllm_probe(PROBE, "patched")["hf_config"]
+
+
+def methods_outside_block(built: dict) -> set[str]:
+    """Quant methods of the draft's embeddings, eh_proj and head."""
+    return {method for name, method in built["linears"].items() if name not in BLOCK_LINEARS}
+
+
+def loaded(built: dict) -> dict:
+    """The load of a draft that loaded, with the parameters and the names its loader filled."""
+    assert "error" not in built["load"], built["load"]
+    return built["load"]
+
+
+def gate_shard_shapes(hf_config: dict) -> tuple[list[int], list[int]]:
+    """(NVFP4 parameter shard, BF16 checkpoint tensor) of gate_proj: two FP4 values a byte."""
+    intermediate, hidden = hf_config["intermediate_size"], hf_config["hidden_size"]
+    return [intermediate, hidden // 2], [intermediate, hidden]
+
+
+def test_patched_draft_of_a_bf16_mtp_block_is_unquantized_and_loads_every_parameter(run):
+    built = run("patched", "bf16+auto")
+    assert built["draft_quant_decision"] == {"mtp_layer": "none", "block": "none"}
+    assert BLOCK_LINEARS | {f"{MTP_LAYER}.shared_head.head"} <= set(built["linears"])
+    assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
+    load = loaded(built)
+    assert load["loaded"] == load["parameters"]
+
+
+def test_patched_draft_of_an_nvfp4_mtp_block_keeps_modelopt_nvfp4_and_loads(run):
+    built = run("patched", "nvfp4+auto")
+    # The survey finds NVFP4 block linears (and BF16 eh_proj and head, which ModelOpt never quantizes).
+    assert built["draft_quant_decision"] == {"mtp_layer": "inherit", "block": "inherit"}
+    assert {name: built["linears"][name] for name in BLOCK_LINEARS} == dict.fromkeys(BLOCK_LINEARS, NVFP4)
+    assert methods_outside_block(built) <= UNQUANTIZED, built["linears"]
+    load = loaded(built)
+    assert set(load["loaded"]) <= set(load["parameters"])
+    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+
+
+def test_patched_inherit_on_a_bf16_mtp_block_fails_loudly_naming_the_tensor(run, hf_config):
+    """Forcing the target's NVFP4 onto a BF16 block: the first column-parallel tensor (gate_proj)
+    meets its packed parameter, and the loader names it instead of a bare AssertionError."""
+    built = run("patched", "bf16+inherit")
+    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
+    load = built["load"]
+    assert load["error_type"] == "ValueError"
+    assert load["error"].startswith(f"{SHAPE_MISMATCH} {MTP_LAYER}.mlp.gate_proj.weight (torch.bfloat16, ")
+    assert "draft_quant_config" in load["error"]
+    assert load["parameter"] == f"{MTP_LAYER}.mtp_block.mlp.gate_up_proj.weight"
+    assert [load["param_shape"], load["loaded_shape"]] == list(gate_shard_shapes(hf_config))
+
+
+def test_patched_none_on_an_nvfp4_mtp_block_fails_loudly_naming_an_nvfp4_scale(run):
+    """An unquantized draft has no parameter for the NVFP4 scales, which sort before the packed
+    weights: the loader names the first one instead of raising Step3p5MTP's bare KeyError."""
+    built = run("patched", "nvfp4+none")
+    assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
+    load = built["load"]
+    assert load["error_type"] == "ValueError"
+    assert load["error"].startswith(f"{NO_PARAMETER} '{MTP_LAYER}.mtp_block.")
+    tensor = load["error"].removeprefix(f"{NO_PARAMETER} '").partition("'")[0]
+    assert tensor.rpartition(".")[2] in NVFP4_SCALES
+    assert "draft_quant_config" in load["error"]
+
+
+def test_unpatched_bf16_mtp_block_fails_with_seed_002s_shape_assertion(run, hf_config):
+    """Stock vLLM builds the BF16 block as NVFP4 and asserts param (..., N/2) == loaded (..., N) on
+    gate_up_proj, as seed 002 reports for Step-3.7-Flash ((11264, 2048) vs (11264, 4096))."""
+    built = run("unpatched", "bf16+auto")
+    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
+    load = built["load"]
+    assert (load["error_type"], load["error"]) == ("AssertionError", "")
+    assert load["parameter"] == f"{MTP_LAYER}.mtp_block.mlp.gate_up_proj.weight"
+    assert [load["param_shape"], load["loaded_shape"]] == list(gate_shard_shapes(hf_config))
+
+
+@pytest.mark.parametrize(("variant", "name"), [("unpatched", "bf16+auto"), ("patched", "bf16+inherit")])
+def test_a_bf16_down_proj_fills_its_packed_nvfp4_parameter_without_error(run, variant, name):
+    """Row-parallel loaders narrow the checkpoint tensor to the parameter's (packed) input width, so
+    the BF16 down_proj, which sorts before gate_proj, is cast into half its NVFP4 parameter with no
+    assertion: only the column-parallel linears stop such a load."""
+    load = run(variant, name)["load"]
+    assert f"{MTP_LAYER}.mtp_block.mlp.down_proj.weight" in load["loaded_before"]
+
+
+def test_unpatched_vllm_loads_an_nvfp4_mtp_block(run):
+    """Stock vLLM handles a checkpoint whose MTP block really is NVFP4: seed 002 is BF16-only."""
+    built = run("unpatched", "nvfp4+auto")
+    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
+    load = loaded(built)
+    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+
+
+def test_unpatched_vllm_has_no_draft_quant_config(vllm_probe):
+    assert set(vllm_probe(PROBE, "unpatched")["runs"]) == {
+        "bf16+auto",
+        "nvfp4+auto",
+        "int8+auto",
+        "int8_with_head+auto",
+    }
+
+
+@pytest.mark.parametrize("name", ["int8+auto", "int8_with_head+auto"])
+def test_patched_draft_of_an_int8_mtp_block_loads(run, name):
+    built = run("patched", name)
+    assert {built["linears"][linear] for linear in BLOCK_LINEARS} == {INT8}
+    load = loaded(built)
+    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+
+
+def test_unpatched_int8_mtp_block_fails_on_its_kv_cache_scales(run):
+    """Stock Step3p5MTP lets only requires_grad=False KV-cache scales go unloaded; compressed-tensors
+    builds them with requires_grad=True (and adds zero points)."""
+    load = run("unpatched", "int8+auto")["load"]
+    assert load["error_type"] == "RuntimeError"
+    assert load["error"].startswith(f"Some parameters like {MTP_LAYER}.mtp_block.self_attn.attn.")
+    assert "are not in the checkpoint" in load["error"]
+
+
+def test_patched_head_is_quantized_when_the_checkpoint_quantized_it(run):
+    """The quantizer's target for the MTP head reaches the draft's head under its name."""
+    assert run("patched", "int8_with_head+auto")["linears"][f"{MTP_LAYER}.shared_head.head"] == INT8
+
+
+def test_unpatched_head_built_without_a_name_misses_its_quantization(run):
+    built = run("unpatched", "int8_with_head+auto")
+    assert built["linears"][f"{MTP_LAYER}.shared_head.head"] == "UnquantizedEmbeddingMethod"
+    assert built["load"] == {
+        "error_type": "KeyError",
+        "error": f"'{MTP_LAYER}.shared_head.head.weight_scale'",
+    }
