@@ -35,6 +35,7 @@ import torch
 from mtp_draft_construction import ARCHITECTURES
 from mtp_vllm import (
     build_mtp_draft,
+    describe_linears,
     failure,
     init_single_process_distributed,
     load_mtp_draft_weights,
@@ -360,18 +361,6 @@ def run_o_proj(attention_layer, generator) -> dict:
     return result
 
 
-def describe_draft(draft) -> dict:
-    from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    return {
-        name: type(module.quant_method).__name__
-        for name, module in draft.named_modules()
-        if isinstance(module, (LinearBase, FusedMoE, VocabParallelEmbedding))
-    }
-
-
 def run_draft_scenario(quantization: str, mtp_storage: str, generator) -> dict:
     result = {}
     with tempfile.TemporaryDirectory(prefix="mtpq-dsv4-") as checkpoint_dir:
@@ -387,7 +376,7 @@ def run_draft_scenario(quantization: str, mtp_storage: str, generator) -> dict:
             "mtp_layer": decision.mtp_layer,
             "block": decision.block,
         }
-        result["quant_methods"] = describe_draft(draft)
+        result["quant_methods"] = describe_linears(draft)
         attention_layer = draft.model.layers[str(NUM_HIDDEN_LAYERS)].mtp_block.attn
         result["wo_a_weight_dtype"] = str(attention_layer.wo_a.weight.dtype)
         try:

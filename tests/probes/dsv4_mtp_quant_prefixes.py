@@ -20,6 +20,7 @@ from pathlib import Path
 from unittest import mock
 
 import torch
+from mtp_draft_construction import ARCHITECTURES
 from mtp_vllm import (
     INT8_W8A8_QUANTIZATION_CONFIG,
     failure,
@@ -27,34 +28,14 @@ from mtp_vllm import (
     mtp_vllm_config,
 )
 
-NUM_HIDDEN_LAYERS = 2
-DRAFT_LAYER_PREFIX = f"model.layers.{NUM_HIDDEN_LAYERS}"
-
 # Ways a checkpoint leaves its BF16 MTP block (``mtp.0.*``) out of quantization.
 IGNORE_SCENARIOS = {
     "exact_names": ["lm_head", "mtp.0.e_proj", "mtp.0.h_proj", "mtp.0.head"],
     "whole_block_regex": ["lm_head", "re:.*mtp.*"],
 }
 
-TINY_DSV4_CONFIG = {
-    "architectures": ["DeepseekV4ForCausalLM"],
-    "model_type": "deepseek_v4",
-    "hidden_size": 64,
-    "num_hidden_layers": NUM_HIDDEN_LAYERS,
-    "num_nextn_predict_layers": 1,
-    "num_attention_heads": 2,
-    "num_key_value_heads": 1,
-    "head_dim": 32,
-    "compress_ratios": [0] * (NUM_HIDDEN_LAYERS + 1),
-    "vocab_size": 128,
-    "rms_norm_eps": 1e-6,
-    "hc_eps": 1e-6,
-    "hc_mult": 2,
-    "index_topk": 4,
-    "n_routed_experts": 2,
-    "max_position_embeddings": 256,
-    "torch_dtype": "bfloat16",
-}
+TINY_DSV4_CONFIG = ARCHITECTURES["deepseek_v4"].hf_config
+NUM_HIDDEN_LAYERS = TINY_DSV4_CONFIG["num_hidden_layers"]
 
 
 def build_vllm_config(checkpoint_dir: Path, ignore: list[str]):

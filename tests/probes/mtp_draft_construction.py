@@ -32,6 +32,7 @@ import torch
 from mtp_vllm import (
     INT8_W8A8_QUANTIZATION_CONFIG,
     build_mtp_draft,
+    describe_linears,
     failure,
     init_single_process_distributed,
 )
@@ -260,22 +261,6 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
         else:
             tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
     save_file(tensors, checkpoint_dir / "model.safetensors")
-
-
-def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
-    """Quant method class of every linear, MoE and embedding or head module of the draft."""
-    from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    described = {}
-    for name, module in draft.named_modules():
-        if isinstance(module, (LinearBase, FusedMoE, VocabParallelEmbedding)):
-            described[name] = type(module.quant_method).__name__
-        elif isinstance(module, torch.nn.Linear):
-            # Some drafters build eh_proj as a plain torch Linear: never quantized.
-            described[name] = "torch.nn.Linear"
-    return described
 
 
 def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> dict:

@@ -38,10 +38,10 @@ from pathlib import Path
 from unittest import mock
 
 import torch
-from mtp_draft_construction import describe_linears
 from mtp_vllm import (
     INT8_W8A8_QUANTIZATION_CONFIG,
     build_mtp_draft,
+    describe_linears,
     failure,
     init_single_process_distributed,
     load_mtp_draft_weights,
