@@ -9,8 +9,8 @@ from pathlib import Path
 
 from mtpq import gittree, installed, status
 from mtpq.download import DownloadError
-from mtpq.pin import load_pin
-from mtpq.series import PATCHES_DIR, SeriesError, load_series
+from mtpq.pin import Pin, PinError, load_pins, newest_pin, pin_for
+from mtpq.series import Series, SeriesError, load_series
 from mtpq.wheel import WheelError, build_wheel
 
 EXIT_CONFLICT = 1
@@ -21,8 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="apply.py",
         description=(
-            "Apply the mtpq patch series to vLLM. With no source: download the pinned sdist "
-            "(sha256-verified, cached), make it a git tree and apply the series there."
+            "Apply the mtpq patch series to vLLM. The series is the one VLLM_VERSIONS names for the "
+            "vLLM release found (tree, installation) or given (--vllm). With no source: download that "
+            "release's sdist (sha256-verified, cached), make it a git tree and apply the series there."
         ),
     )
     where = parser.add_mutually_exclusive_group()
@@ -32,6 +33,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     where.add_argument("--wheel", action="store_true", help="build a patched wheel from the official one")
     parser.add_argument("--arch", help="with --wheel: x86_64 or aarch64")
+    parser.add_argument(
+        "--vllm",
+        metavar="VERSION",
+        help="the release for the default tree, --wheel and --series-id (default: the newest pinned)",
+    )
     parser.add_argument(
         "--out", type=Path, default=Path("dist"), help="with --wheel: output directory (%(default)s)"
     )
@@ -58,7 +64,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--base", help="with --export: the upstream commit the series sits on (default: nearest tag)"
     )
     parser.add_argument(
-        "--patches", type=Path, default=PATCHES_DIR, help="the series directory (default: %(default)s)"
+        "--patches",
+        type=Path,
+        help="the series directory (default: the one VLLM_VERSIONS names for the release)",
     )
     return parser
 
@@ -72,47 +80,75 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--export needs --vllm-src (the branch holding the resolved series)")
     if args.wheel and not args.arch:
         parser.error("--wheel needs --arch (x86_64 or aarch64)")
+    if args.vllm and (args.vllm_src or args.installed):
+        parser.error(
+            "--vllm names the release for the default tree, --wheel or --series-id; "
+            "with --vllm-src or --installed the release is the one found there"
+        )
     try:
         return _run(args)
-    except (gittree.TreeError, SeriesError, DownloadError, WheelError, ValueError) as error:
+    except (gittree.TreeError, SeriesError, PinError, DownloadError, WheelError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 
 
+def _series(args: argparse.Namespace, pin: Pin) -> Series:
+    return load_series(args.patches or pin.series_dir)
+
+
 def _run(args: argparse.Namespace) -> int:
-    pin = load_pin()
-    series = load_series(args.patches)
+    pins = load_pins()
+    if args.installed:
+        return _run_installed(args, pins)
+    if args.vllm_src is not None:
+        return _run_tree(args, pins)
+    pin = pin_for(args.vllm, pins) if args.vllm else newest_pin(pins)
+    series = _series(args, pin)
     if args.series_id:
         print(series.series_id)
         return 0
-    if args.installed:
-        return _run_installed(args, pin, series)
     if args.wheel:
         start = time.perf_counter()
         built = build_wheel(pin, series, args.arch, args.out)
         print(f"built in {time.perf_counter() - start:.1f} s, series {series.series_id}")
         print(built)
         return 0
-    if args.vllm_src is None:
-        tree = gittree.pinned_tree(pin)
-        repo = gittree.open_repo(tree)
-        gittree.reset_pinned_branch(repo, pin)
+    tree = gittree.pinned_tree(pin)
+    repo = gittree.open_repo(tree)
+    gittree.reset_pinned_branch(repo, pin)
+    return _apply_to(args, repo, tree, series, args.branch or pin.branch)
+
+
+def _run_tree(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
+    """--vllm-src: the series of the release the checkout is; another release only with --rebase."""
+    tree = args.vllm_src
+    repo = gittree.open_repo(tree)
+    found = gittree.tree_version(repo)
+    if found in pins:
+        pin = pins[found]
+    elif args.rebase or (args.export and args.patches):
+        pin = newest_pin(pins)  # the series to carry (or --patches); the branch names the tree's release
     else:
-        tree = args.vllm_src
-        repo = gittree.open_repo(tree)
-        if args.export:
-            exported = gittree.export_series(repo, args.base, series.directory)
-            count = len(exported.patches)
-            print(f"exported {count} patch(es) to {exported.directory} (series {exported.series_id})")
-            return 0
-        gittree.check_version(repo, pin, allow_other=args.rebase)
-    branch = args.branch or pin.branch
+        pin_for(found, pins)  # raises: the supported releases and the way to carry a series
+    series = _series(args, pin)
+    if args.series_id:
+        print(series.series_id)
+        return 0
+    if args.export:
+        exported = gittree.export_series(repo, args.base, series.directory)
+        count = len(exported.patches)
+        print(f"exported {count} patch(es) to {exported.directory} (series {exported.series_id})")
+        return 0
+    return _apply_to(args, repo, tree, series, args.branch or f"mtpq/v{found}")
+
+
+def _apply_to(args: argparse.Namespace, repo, tree: Path, series: Series, branch: str) -> int:
     if args.check:
         gittree.check_clean(repo)
         results = gittree.plan(repo, series)
     else:
         results = gittree.apply_series(repo, series, branch, keep_conflict=args.rebase)
-    title = f"mtpq series {series.series_id} on vLLM at {tree}" + (
+    title = f"mtpq series {series.series_id} ({series.directory.name}) on vLLM at {tree}" + (
         "" if args.check else f" (branch {branch})"
     )
     print(status.format_table(title, results))
@@ -138,9 +174,9 @@ def _explain_conflict(tree: Path, kept: bool) -> None:
         )
 
 
-def _run_installed(args: argparse.Namespace, pin, series) -> int:
+def _run_installed(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
     installation = installed.find_installation(args.python)
-    installed.check_installed_version(installation, pin)
+    pin = pin_for(installed.installed_version(installation), pins)
     if args.revert:
         restored = installed.revert_installed(installation)
         print(
@@ -149,9 +185,14 @@ def _run_installed(args: argparse.Namespace, pin, series) -> int:
             else "nothing to revert"
         )
         return 0
+    series = _series(args, pin)
+    if args.series_id:
+        print(series.series_id)
+        return 0
     if args.verify:
         results = installed.verify_installed(installation, series)
     else:
         results = installed.apply_installed(installation, series, dry_run=args.check)
-    print(status.format_table(f"mtpq series {series.series_id} in {installation.package_dir}", results))
+    title = f"mtpq series {series.series_id} ({series.directory.name}) in {installation.package_dir}"
+    print(status.format_table(title, results))
     return 0 if status.all_ok(results) else EXIT_CONFLICT

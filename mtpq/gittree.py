@@ -74,16 +74,6 @@ def tree_version(repo) -> str:
         ) from None
 
 
-def check_version(repo, pin: Pin, allow_other: bool) -> None:
-    found = tree_version(repo)
-    if found != pin.version and not allow_other:
-        raise TreeError(
-            f"this series targets vLLM {pin.version}, but {repo.working_tree_dir} is vLLM {found}. "
-            f"To carry the series to {found}, run with --rebase, resolve any conflicts, then --export "
-            f"(README: 'Carrying the series to a newer vLLM')."
-        )
-
-
 def check_clean(repo) -> None:
     git_dir = Path(repo.git_dir)
     for marker in ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD"):

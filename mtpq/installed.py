@@ -19,7 +19,7 @@ from pathlib import Path
 from mtpq import status
 from mtpq.download import sha256_of
 from mtpq.gittree import TreeError
-from mtpq.pin import Pin, release_in
+from mtpq.pin import release_in
 from mtpq.series import Series
 from mtpq.status import PatchResult
 
@@ -67,16 +67,11 @@ def find_installation(python: str) -> Installation:
     return Installation(python=python, package_dir=Path(location))
 
 
-def check_installed_version(installation: Installation, pin: Pin) -> None:
+def installed_version(installation: Installation) -> str:
     found = release_in(installation.package_dir)
     if found is None:
         raise TreeError(f"{installation.package_dir}/_version.py is missing: cannot tell the vLLM version")
-    if found != pin.version:
-        raise TreeError(
-            f"this series targets vLLM {pin.version}, but {installation.python} has vLLM {found} "
-            f"at {installation.package_dir}; install vllm=={pin.version} or rebase the series "
-            f"(README: 'Carrying the series to a newer vLLM')."
-        )
+    return found
 
 
 def _package_files(series: Series) -> list[str]:

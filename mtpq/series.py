@@ -8,9 +8,6 @@ from dataclasses import dataclass
 from email.parser import HeaderParser
 from pathlib import Path
 
-from mtpq.pin import PROJECT_ROOT
-
-PATCHES_DIR = PROJECT_ROOT / "patches"
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 
@@ -87,7 +84,7 @@ class Series:
         return tuple(dict.fromkeys(f for patch in self.patches for f in patch.files))
 
 
-def load_series(directory: Path = PATCHES_DIR) -> Series:
+def load_series(directory: Path) -> Series:
     """Read `series`, check it against the directory, and parse every patch it lists."""
     series_file = directory / "series"
     if not series_file.is_file():

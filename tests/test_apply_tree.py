@@ -16,13 +16,17 @@ def statuses(stdout: str) -> dict[str, str]:
     return dict(line.split(maxsplit=1) for line in stdout.splitlines() if line.startswith("  "))
 
 
-def test_series_applies_one_commit_per_patch_keeping_author_and_message(run_apply, scratch_tree, series, pin):
+def test_series_applies_one_commit_per_patch_keeping_author_and_message(
+    run_apply, scratch_tree, series, release_pin
+):
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 0, done.stderr
     for patch in series.patches:
         assert statuses(done.stdout)[patch.name] == "applied"
-    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == pin.branch
-    log = git(scratch_tree, "log", "--reverse", "--format=%an <%ae>%x09%s", f"{pin.tag}..HEAD").splitlines()
+    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == release_pin.branch
+    log = git(
+        scratch_tree, "log", "--reverse", "--format=%an <%ae>%x09%s", f"{release_pin.tag}..HEAD"
+    ).splitlines()
     assert log == [f"{patch.author}\t{patch.subject}" for patch in series.patches]
     assert git(scratch_tree, "status", "--porcelain") == ""
 
@@ -36,12 +40,14 @@ def test_second_run_on_the_patched_branch_reports_already_upstream(run_apply, sc
     assert git(scratch_tree, "rev-parse", "HEAD") == head
 
 
-def test_a_branch_blocking_the_series_branch_name_is_a_clear_error(run_apply, scratch_tree, snapshot, pin):
-    git(scratch_tree, "branch", pin.branch.split("/")[0])  # "mtpq" makes "mtpq/v0.22.1" impossible
+def test_a_branch_blocking_the_series_branch_name_is_a_clear_error(
+    run_apply, scratch_tree, snapshot, release_pin
+):
+    git(scratch_tree, "branch", release_pin.branch.split("/")[0])  # "mtpq" makes "mtpq/v0.22.1" impossible
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 2
-    assert f"cannot create branch {pin.branch}" in done.stderr and "--branch NAME" in done.stderr
+    assert f"cannot create branch {release_pin.branch}" in done.stderr and "--branch NAME" in done.stderr
     assert "Traceback" not in done.stderr
     assert snapshot(scratch_tree) == before
 
@@ -87,13 +93,13 @@ def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratc
 
 
 def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
-    run_apply, scratch_tree, series, pin, tmp_path
+    run_apply, scratch_tree, series, release_pin, tmp_path
 ):
     path = _inject_conflict(scratch_tree, series)
     done = run_apply("--vllm-src", str(scratch_tree), "--rebase")
     assert done.returncode == 1
     assert "git am --continue" in done.stderr
-    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == pin.branch
+    assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == release_pin.branch
     assert (scratch_tree / ".git" / "rebase-apply").is_dir()
     # Resolve by taking the patch's side of the conflicting file, then finish the series.
     git(scratch_tree, "checkout", "--theirs", "--", path)
@@ -111,14 +117,15 @@ def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
     assert (patches / "series").read_text() == (series.directory / "series").read_text()
 
 
+@pytest.mark.newest_release
 def test_export_of_the_applied_series_reproduces_the_patch_files(
-    run_apply, scratch_tree, series, pin, tmp_path
+    run_apply, scratch_tree, series, release_pin, tmp_path
 ):
     assert run_apply("--vllm-src", str(scratch_tree)).returncode == 0
     patches = tmp_path / "patches"
     shutil.copytree(series.directory, patches)
     done = run_apply(
-        "--vllm-src", str(scratch_tree), "--export", "--base", pin.tag, "--patches", str(patches)
+        "--vllm-src", str(scratch_tree), "--export", "--base", release_pin.tag, "--patches", str(patches)
     )
     assert done.returncode == 0, done.stderr
     for patch in series.patches:
@@ -138,16 +145,18 @@ def test_plain_unpacked_tree_is_refused_with_directions(run_apply, scratch_tree,
     assert not (scratch_tree / ".git").exists()
 
 
-def test_other_vllm_version_is_refused_pointing_at_rebase(run_apply, scratch_tree, snapshot, pin):
+def test_unsupported_vllm_version_is_refused_listing_the_supported_ones(
+    run_apply, scratch_tree, snapshot, release_pin
+):
     version_file = scratch_tree / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace(f"'{pin.version}'", "'0.23.0'"))
+    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", "'0.23.0'"))
     git(scratch_tree, "commit", "--quiet", "-am", "pretend 0.23.0")
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 2
-    assert (
-        f"targets vLLM {pin.version}" in done.stderr and "0.23.0" in done.stderr and "--rebase" in done.stderr
-    )
+    assert "vLLM 0.23.0 has no mtpq series" in done.stderr
+    assert f"{release_pin.version} (series {release_pin.series_name})" in done.stderr
+    assert "--rebase" in done.stderr and "--export" in done.stderr
     assert snapshot(scratch_tree) == before
 
 

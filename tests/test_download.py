@@ -1,4 +1,4 @@
-"""Pinned downloads: sha256-verified against VLLM_VERSION, cached, failing closed."""
+"""Pinned downloads: sha256-verified against VLLM_VERSIONS, cached, failing closed."""
 
 from __future__ import annotations
 
@@ -47,7 +47,9 @@ def test_no_network_and_empty_cache_is_a_clear_error(index, monkeypatch):
 def test_apply_refuses_a_tampered_sdist_and_builds_no_tree(index, run_apply, pin):
     sdist = pin.artifacts["sdist"]
     index.serve(sdist.project, sdist.filename, b"not the vLLM sdist\n")
-    done = run_apply(env={"MTPQ_INDEX_URL": index.url, "MTPQ_CACHE_DIR": str(index.cache)})
+    done = run_apply(
+        "--vllm", pin.version, env={"MTPQ_INDEX_URL": index.url, "MTPQ_CACHE_DIR": str(index.cache)}
+    )
     assert done.returncode == 2
     assert "sha256 mismatch" in done.stderr and sdist.sha256 in done.stderr
     assert not (index.cache / "src").exists()

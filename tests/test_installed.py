@@ -42,10 +42,10 @@ class Environment:
 
 
 @pytest.fixture
-def environment(tmp_path, pinned_tree, pin, series) -> Environment:
+def environment(tmp_path, pinned_tree, release_pin, series) -> Environment:
     def baseline_file(relative: str) -> bytes | None:
         # From the baseline tag: the pinned tree's working copy may be on the series branch.
-        show = ["git", "-C", str(pinned_tree), "show", f"{pin.tag}:{relative}"]
+        show = ["git", "-C", str(pinned_tree), "show", f"{release_pin.tag}:{relative}"]
         done = subprocess.run(show, capture_output=True)
         return done.stdout if done.returncode == 0 else None
 
@@ -113,12 +113,13 @@ def test_a_patch_that_does_not_apply_leaves_site_packages_untouched(run_apply, e
     assert environment.fingerprint() == before
 
 
-def test_other_installed_version_is_refused(run_apply, environment, pin):
+def test_unsupported_installed_version_is_refused(run_apply, environment, release_pin):
     version_file = environment.site / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace(f"'{pin.version}'", "'0.23.0'"))
+    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", "'0.23.0'"))
     before = environment.fingerprint()
     done = run_apply("--installed", "--python", environment.python)
-    assert done.returncode == 2 and "0.23.0" in done.stderr and pin.version in done.stderr
+    assert done.returncode == 2 and "vLLM 0.23.0 has no mtpq series" in done.stderr
+    assert release_pin.version in done.stderr
     assert environment.fingerprint() == before
 
 

@@ -20,8 +20,8 @@ from mtpq.wheel import patched_files
 ARCH = "x86_64"
 
 
-def build(run_apply, out: Path) -> Path:
-    done = run_apply("--wheel", "--arch", ARCH, "--out", str(out))
+def build(run_apply, release, out: Path) -> Path:
+    done = run_apply("--wheel", "--arch", ARCH, "--vllm", release.version, "--out", str(out))
     assert done.returncode == 0, done.stderr
     wheel = Path(done.stdout.strip().splitlines()[-1])
     assert wheel.parent == out and wheel.is_file()
@@ -29,17 +29,20 @@ def build(run_apply, out: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def wheel(run_apply, tmp_path_factory) -> Path:
-    return build(run_apply, tmp_path_factory.mktemp("dist"))
+def wheel(run_apply, newest_pin, tmp_path_factory) -> Path:
+    """The x86_64 wheel of the newest release the series serves."""
+    return build(run_apply, newest_pin, tmp_path_factory.mktemp("dist"))
 
 
-def test_name_and_metadata_carry_the_series(wheel, pin, series):
-    assert wheel.name == f"vllm-{pin.version}+mtpq.{series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
-    info = f"vllm-{pin.version}+mtpq.{series.series_id}.dist-info"
+def test_name_and_metadata_carry_the_series(wheel, newest_pin, series):
+    assert (
+        wheel.name == f"vllm-{newest_pin.version}+mtpq.{series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
+    )
+    info = f"vllm-{newest_pin.version}+mtpq.{series.series_id}.dist-info"
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(f"{info}/METADATA").decode()
         carried = json.loads(archive.read(f"{info}/mtpq.json"))
-    assert f"\nVersion: {pin.version}+mtpq.{series.series_id}\n" in metadata
+    assert f"\nVersion: {newest_pin.version}+mtpq.{series.series_id}\n" in metadata
     assert [p["name"] for p in carried["patches"]] == [p.name for p in series.patches]
     assert all(p.name in metadata for p in series.patches)
 
@@ -57,9 +60,9 @@ def test_record_lists_every_file_with_its_hash(wheel):
             assert (digest, size) == (f"sha256={expected}", str(len(data))), name
 
 
-def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, pin, series):
-    replaced = patched_files(pin, series)
-    with zipfile.ZipFile(fetch(pin.wheel(ARCH))) as official, zipfile.ZipFile(wheel) as ours:
+def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, newest_pin, series):
+    replaced = patched_files(newest_pin, series)
+    with zipfile.ZipFile(fetch(newest_pin.wheel(ARCH))) as official, zipfile.ZipFile(wheel) as ours:
         ours_by_name = {info.filename: info for info in ours.infolist()}
         for info in official.infolist():
             if ".dist-info/" in info.filename:
@@ -73,11 +76,11 @@ def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, p
                 ), info.filename
 
 
-def test_two_builds_are_byte_identical(wheel, run_apply, tmp_path):
-    assert build(run_apply, tmp_path).read_bytes() == wheel.read_bytes()
+def test_two_builds_are_byte_identical(wheel, run_apply, newest_pin, tmp_path):
+    assert build(run_apply, newest_pin, tmp_path).read_bytes() == wheel.read_bytes()
 
 
-def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, pin, series, tmp_path):
+def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, newest_pin, series, tmp_path):
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -94,7 +97,7 @@ def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, pin, serie
         ],
         check=True,
     )
-    for relative, data in patched_files(pin, series).items():
+    for relative, data in patched_files(newest_pin, series).items():
         assert (target / relative).read_bytes() == data, relative
 
 
@@ -104,14 +107,23 @@ def test_unknown_arch_is_refused_and_nothing_written(run_apply, tmp_path):
     assert not (tmp_path / "dist").exists()
 
 
-def test_base_wheel_checksum_mismatch_fails_closed(run_apply, index, pin, tmp_path):
-    official = pin.wheel(ARCH)
+def test_unsupported_release_is_refused_listing_the_supported_ones(run_apply, newest_pin, tmp_path):
+    done = run_apply("--wheel", "--arch", ARCH, "--vllm", "0.25.1", "--out", str(tmp_path / "dist"))
+    assert done.returncode == 2 and "vLLM 0.25.1 has no mtpq series" in done.stderr
+    assert newest_pin.version in done.stderr and "--rebase" in done.stderr
+    assert not (tmp_path / "dist").exists()
+
+
+def test_base_wheel_checksum_mismatch_fails_closed(run_apply, index, newest_pin, tmp_path):
+    official = newest_pin.wheel(ARCH)
     index.serve(official.project, official.filename, b"not the official wheel")
     out = tmp_path / "dist"
     done = run_apply(
         "--wheel",
         "--arch",
         ARCH,
+        "--vllm",
+        newest_pin.version,
         "--out",
         str(out),
         env={"MTPQ_INDEX_URL": index.url, "MTPQ_CACHE_DIR": str(index.cache)},
