@@ -11,6 +11,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -37,6 +38,20 @@ def target_version() -> str:
     if explicit := os.environ.get("MTPQ_TARGET"):
         return explicit
     return installed.installed_version(installed.find_installation(sys.executable))
+
+
+def engine_targets() -> list:
+    """The pinned releases with a CPU build to run the tests on, oldest first."""
+    return [pin for pin in load_pins().values() if "cpu-wheel-x86_64" in pin.artifacts]
+
+
+def is_newest_target() -> bool:
+    return target_version() == engine_targets()[-1].version
+
+
+# Tensor parallelism is shown on the newest test-bed target only (each such engine start takes
+# about a minute here).
+collect_ignore = [] if is_newest_target() else ["test_e2e_tensor_parallel.py"]
 
 
 def served_pins() -> list:
@@ -213,6 +228,35 @@ def engineered_checkpoint(tmp_path_factory):
         return built[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def engine_run(vllm_probe, engineered_checkpoint):
+    """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
+    every planned run of its kind (variant and tensor-parallel size) in one probe process."""
+    from e2e_cases import engine_plan
+
+    plan = engine_plan(newest_target=is_newest_target())
+    reports: dict[str, dict] = {}
+
+    def spec(run) -> dict:
+        case = run.case
+        return {
+            "model": str(engineered_checkpoint(case.quant, case.arch, **case.options)),
+            "speculative_config": run.speculative_config(),
+            "tensor_parallel_size": run.tensor_parallel_size,
+            "in_process": run.tensor_parallel_size == 1,
+        }
+
+    def run(requested) -> dict:
+        if requested.key not in reports:
+            batch = {r.key: spec(r) for r in plan if r.kind == requested.kind}
+            if requested.key not in batch:
+                pytest.fail(f"{requested.key} is not in e2e_cases.engine_plan()")
+            reports.update(vllm_probe("engine_acceptance", requested.variant, json.dumps(batch))["runs"])
+        return reports[requested.key]
+
+    return run
 
 
 @pytest.fixture

@@ -61,33 +61,39 @@ def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, series):
 
 
 def test_dirty_tree_is_refused_and_left_untouched(run_apply, scratch_tree, snapshot, series):
-    touched = scratch_tree / series.files[0]
+    path = next(path for path in series.files if (scratch_tree / path).exists())
+    touched = scratch_tree / path
     touched.write_text(touched.read_text() + "# a user's unsaved work\n")
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 2
-    assert "uncommitted changes" in done.stderr and series.files[0] in done.stderr
+    assert "uncommitted changes" in done.stderr and path in done.stderr
     assert snapshot(scratch_tree) == before
 
 
-def _inject_conflict(tree: Path, series) -> str:
-    """Commit a change to a line the first patch's first hunk removes, so it cannot apply."""
-    patch_text = series.patches[0].path.read_text()
-    path = series.patches[0].files[0]
-    hunk = patch_text.split(f"+++ b/{path}\n", 1)[1]
-    removed = next(line[1:] for line in hunk.splitlines() if line.startswith("-"))
-    target = tree / path
-    target.write_text(target.read_text().replace(removed, removed + "  # changed by someone else", 1))
-    git(tree, "commit", "--quiet", "-am", "local change")
-    return path
+def _inject_conflict(tree: Path, series):
+    """Commit a change to a line the first patch that edits an existing file removes, so that patch
+    cannot apply; returns the patch and the file."""
+    for patch in series.patches:
+        for path in patch.files:
+            hunks = patch.path.read_text().split(f"+++ b/{path}\n", 1)[1].split("\ndiff --git ", 1)[0]
+            removed = next((line[1:] for line in hunks.splitlines() if line.startswith("-")), None)
+            if removed is not None and (tree / path).exists():
+                target = tree / path
+                target.write_text(
+                    target.read_text().replace(removed, removed + "  # changed by someone else", 1)
+                )
+                git(tree, "commit", "--quiet", "-am", "local change")
+                return patch, path
+    raise AssertionError("no patch of the series removes a line of an existing file")
 
 
 def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratch_tree, snapshot, series):
-    path = _inject_conflict(scratch_tree, series)
+    patch, path = _inject_conflict(scratch_tree, series)
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 1
-    assert statuses(done.stdout)[series.patches[0].name].startswith("conflict: ") and path in done.stdout
+    assert statuses(done.stdout)[patch.name].startswith("conflict: ") and path in done.stdout
     assert "Nothing was changed" in done.stderr and "--rebase" in done.stderr
     assert snapshot(scratch_tree) == before
 
@@ -95,7 +101,7 @@ def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratc
 def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
     run_apply, scratch_tree, series, release_pin, tmp_path
 ):
-    path = _inject_conflict(scratch_tree, series)
+    _, path = _inject_conflict(scratch_tree, series)
     done = run_apply("--vllm-src", str(scratch_tree), "--rebase")
     assert done.returncode == 1
     assert "git am --continue" in done.stderr

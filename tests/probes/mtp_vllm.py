@@ -130,15 +130,12 @@ def load_mtp_draft_weights(draft, vllm_config) -> set[str]:
 
 
 def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
-    """Quant method class of every linear, MoE and embedding or head module of the draft."""
-    from vllm.model_executor.layers.fused_moe import FusedMoE
-    from vllm.model_executor.layers.linear import LinearBase
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
+    """Quant method class of every module of the draft that has one (linears, MoE experts,
+    embeddings and heads, attention's KV cache), and of plain torch Linears."""
     described = {}
     for name, module in draft.named_modules():
-        if isinstance(module, (LinearBase, FusedMoE, VocabParallelEmbedding)):
-            described[name] = type(module.quant_method).__name__
+        if (quant_method := getattr(module, "quant_method", None)) is not None:
+            described[name] = type(quant_method).__name__
         elif isinstance(module, torch.nn.Linear):
             # Some drafters build eh_proj as a plain torch Linear: never quantized.
             described[name] = "torch.nn.Linear"
