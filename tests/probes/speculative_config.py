@@ -19,7 +19,6 @@ import sys
 import vllm
 from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
 
-
 SPECULATIVE_LOGGER = "vllm.config.speculative"
 
 
