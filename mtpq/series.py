@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
 
 
 class SeriesError(ValueError):
@@ -23,6 +25,7 @@ class Patch:
     author: str
     dep3: dict[str, str]
     files: tuple[str, ...]
+    hunks: dict[str, int] = field(hash=False)  # file -> how many hunks change it
 
     @property
     def name(self) -> str:
@@ -54,7 +57,11 @@ def parse_patch(path: Path) -> Patch:
         raise SeriesError(f"{path.name}: DEP-3 field(s) missing from the message: {', '.join(missing)}")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", dep3["Last-Update"]):
         raise SeriesError(f"{path.name}: Last-Update must be YYYY-MM-DD, got {dep3['Last-Update']!r}")
-    files = tuple(dict.fromkeys(b for _, b in _DIFF_HEADER.findall("diff --git " + diff)))
+    sections = _DIFF_HEADER.split("diff --git " + diff)[1:]  # a, b, body, a, b, body, ...
+    hunks = Counter()
+    for target, body in zip(sections[1::3], sections[2::3], strict=True):
+        hunks[target] += len(_HUNK_HEADER.findall(body))
+    files = tuple(hunks)
     subject = " ".join(headers["Subject"].split())
     return Patch(
         path=path,
@@ -62,6 +69,7 @@ def parse_patch(path: Path) -> Patch:
         author=headers["From"],
         dep3=dep3,
         files=files,
+        hunks=dict(hunks),
     )
 
 

@@ -185,26 +185,30 @@ def vllm_probe(series, unpatched_vllm):
 
 @pytest.fixture
 def index(tmp_path, monkeypatch):
-    """A PEP 503 index on loopback with an empty cache; `index.serve(project, name, data)` adds a file."""
+    """A PEP 503 index on loopback with an empty cache. `index.serve(project, name, data)` adds a file to
+    the project's page with its sha256; `sha256=` publishes another one instead, as a tampered index would."""
     root = tmp_path / "index"
     root.mkdir()
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() waits for it at every teardown
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    published: dict[str, dict[str, str]] = {}  # project -> file name -> the sha256 its page gives
 
     class Index:
         url = f"http://127.0.0.1:{server.server_port}"
         cache = tmp_path / "cache"
 
         @staticmethod
-        def serve(project: str, filename: str, data: bytes) -> None:
+        def serve(project: str, filename: str, data: bytes, sha256: str | None = None) -> None:
             page = root / project
             page.mkdir(exist_ok=True)
             (page / filename).write_bytes(data)
-            (page / "index.html").write_text(
-                f'<a href="{filename}#sha256={hashlib.sha256(data).hexdigest()}">x</a>'
-            )
+            files = published.setdefault(project, {})
+            files[filename] = sha256 or hashlib.sha256(data).hexdigest()
+            anchors = [f'<a href="{name}#sha256={digest}">{name}</a>' for name, digest in files.items()]
+            (page / "index.html").write_text("\n".join(anchors))
 
     monkeypatch.setenv("MTPQ_INDEX_URL", Index.url)
     monkeypatch.setenv("MTPQ_CACHE_DIR", str(Index.cache))
