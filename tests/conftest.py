@@ -238,23 +238,17 @@ def engineered_checkpoint(tmp_path_factory):
 def engine_run(vllm_probe, engineered_checkpoint):
     """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
     every planned run of its kind (variant and tensor-parallel size) in one probe process."""
-    from e2e_cases import engine_plan
+    from e2e_cases import engine_plan, engine_specs
 
     plan = engine_plan(newest_target=is_newest_target())
     reports: dict[str, dict] = {}
 
-    def spec(run) -> dict:
-        case = run.case
-        return {
-            "model": str(engineered_checkpoint(case.quant, case.arch, **case.options)),
-            "speculative_config": run.speculative_config(),
-            "tensor_parallel_size": run.tensor_parallel_size,
-            "in_process": run.tensor_parallel_size == 1,
-        }
+    def checkpoint_of(case):
+        return engineered_checkpoint(case.quant, case.arch, **case.options)
 
     def run(requested) -> dict:
         if requested.key not in reports:
-            batch = {r.key: spec(r) for r in plan if r.kind == requested.kind}
+            batch = engine_specs([r for r in plan if r.kind == requested.kind], checkpoint_of)
             if requested.key not in batch:
                 pytest.fail(f"{requested.key} is not in e2e_cases.engine_plan()")
             reports.update(vllm_probe("engine_acceptance", requested.variant, json.dumps(batch))["runs"])
