@@ -135,10 +135,9 @@ def newest_pin(pins: dict[str, Pin] | None = None) -> Pin:
 
 
 def image_releases(pins: dict[str, Pin] | None = None) -> list[Pin]:
-    """The releases images are built for: the newest each series serves, oldest first."""
+    """The releases images are built for: those that pin the sm121 image's inputs, oldest first."""
     pins = pins if pins is not None else load_pins()
-    newest = {pin.series_name: pin for pin in pins.values()}  # pins are oldest first
-    return sorted(newest.values(), key=lambda pin: version_key(pin.version))
+    return [pin for pin in pins.values() if pin.sm121]
 
 
 def supported_releases(pins: dict[str, Pin]) -> str:
