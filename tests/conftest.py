@@ -225,3 +225,16 @@ def checkpoint_copy(tmp_path):
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def series_name(series) -> str:
+    """The series' directory under patches/ ("v0.22.1", "v0.33.0"): what per-series expectations key on."""
+    return series.directory.name
+
+
+@pytest.fixture(scope="session")
+def mtp_drafts(vllm_probe):
+    """`mtp_drafts(variant)`: the verdict of tests/probes/mtp_drafts.py, every draft construction and
+    loading section of one vLLM variant (one probe process per variant and session)."""
+    return lambda variant: vllm_probe("mtp_drafts", variant)
