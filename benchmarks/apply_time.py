@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Time `python apply.py` on the pinned tree: cold (tree built from the cached sdist) and warm.
+"""Time `python apply.py --vllm V` on each pinned release's tree: cold (tree built from the cached
+sdist) and warm.
 
 Run with an interpreter that has GitPython (e.g. the test bed's). Prints one line per measurement.
 """
@@ -16,25 +17,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpq.download import cache_root, fetch  # noqa: E402
-from mtpq.pin import load_pin  # noqa: E402
+from mtpq.pin import load_pins  # noqa: E402
 
 
-def timed_apply(env: dict[str, str]) -> float:
+def timed_apply(version: str, env: dict[str, str]) -> float:
     start = time.perf_counter()
-    subprocess.run([sys.executable, str(ROOT / "apply.py")], check=True, capture_output=True, env=env)
+    command = [sys.executable, str(ROOT / "apply.py"), "--vllm", version]
+    subprocess.run(command, check=True, capture_output=True, env=env)
     return time.perf_counter() - start
 
 
 def main() -> None:
-    sdist = fetch(load_pin().artifacts["sdist"])  # downloads are not what is measured
-    with tempfile.TemporaryDirectory() as scratch:
-        downloads = Path(scratch) / "downloads"
-        downloads.mkdir()
-        shutil.copy(sdist, downloads / sdist.name)
-        env = {**os.environ, "MTPQ_CACHE_DIR": scratch}
-        print(f"apply, sdist cached, tree built from it: {timed_apply(env):.2f} s")
-        for run in (1, 2, 3):
-            print(f"apply, warm cache (run {run}):            {timed_apply(env):.2f} s")
+    for version, pin in load_pins().items():
+        sdist = fetch(pin.artifact("sdist"))  # downloads are not what is measured
+        with tempfile.TemporaryDirectory() as scratch:
+            downloads = Path(scratch) / "downloads"
+            downloads.mkdir()
+            shutil.copy(sdist, downloads / sdist.name)
+            env = {**os.environ, "MTPQ_CACHE_DIR": scratch}
+            label = f"vLLM {version} ({pin.series_name}): apply"
+            print(f"{label}, sdist cached, tree built from it: {timed_apply(version, env):.2f} s")
+            for run in (1, 2, 3):
+                print(f"{label}, warm cache (run {run}): {timed_apply(version, env):.2f} s")
     print(f"(cache in use for real runs: {cache_root()})")
 
 

@@ -1,4 +1,4 @@
-"""Fetch pinned artifacts from a PyPI simple index, sha256-verified, into a user cache."""
+"""Fetch artifacts from a PyPI simple index, sha256-verified, into a user cache."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
+from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -54,8 +55,15 @@ class _AnchorParser(HTMLParser):
             self.hrefs += [value for name, value in attrs if name == "href" and value]
 
 
-def _project_file_urls(project: str) -> dict[str, str]:
-    """filename -> absolute URL, from the index's page for `project` (PEP 691 JSON or PEP 503)."""
+@dataclass(frozen=True)
+class IndexFile:
+    url: str
+    sha256: str | None  # the hash the index publishes for it, if any
+
+
+def _project_files(project: str) -> dict[str, IndexFile]:
+    """filename -> where it is and its published sha256, from the index's page for `project`
+    (PEP 691 JSON or PEP 503 HTML)."""
     page_url = f"{index_url()}/{project}/"
     request = urllib.request.Request(
         page_url,
@@ -64,21 +72,35 @@ def _project_file_urls(project: str) -> dict[str, str]:
     with urllib.request.urlopen(request, timeout=60) as response:
         body = response.read().decode()
     if body.lstrip().startswith("{"):
-        return {f["filename"]: urllib.parse.urljoin(page_url, f["url"]) for f in json.loads(body)["files"]}
+        return {
+            f["filename"]: IndexFile(urllib.parse.urljoin(page_url, f["url"]), f["hashes"].get("sha256"))
+            for f in json.loads(body)["files"]
+        }
     parser = _AnchorParser()
     parser.feed(body)
-    urls = {}
+    files = {}
     for href in parser.hrefs:
-        absolute = urllib.parse.urljoin(page_url, href)
+        absolute, _, fragment = urllib.parse.urljoin(page_url, href).partition("#")
         filename = urllib.parse.unquote(urllib.parse.urlsplit(absolute).path.rsplit("/", 1)[-1])
-        urls[filename] = absolute.split("#", 1)[0]
-    return urls
+        algorithm, _, digest = fragment.partition("=")
+        files[filename] = IndexFile(absolute, digest if algorithm == "sha256" else None)
+    return files
+
+
+def published_artifacts(project: str) -> list[Artifact]:
+    """Every file the index lists for `project` with the sha256 it publishes for it (a file without
+    one is left out: nothing could verify its download)."""
+    try:
+        files = _project_files(project)
+    except (urllib.error.URLError, OSError) as error:
+        raise DownloadError(f"cannot list {project} on {index_url()} ({error})") from error
+    return [Artifact(project, name, file.sha256) for name, file in files.items() if file.sha256]
 
 
 def fetch(artifact: Artifact) -> Path:
     """Return a cached, verified copy of `artifact`, downloading it if needed.
 
-    A download whose sha256 differs from the pin is refused and nothing is kept.
+    A download whose sha256 differs from the artifact's is refused and nothing is kept.
     """
     target = cache_root() / "downloads" / artifact.filename
     if target.exists():
@@ -86,23 +108,23 @@ def fetch(artifact: Artifact) -> Path:
             return target
         target.unlink()  # a damaged cache entry is ours to replace
     try:
-        url = _project_file_urls(artifact.project).get(artifact.filename)
-        if url is None:
+        listed = _project_files(artifact.project).get(artifact.filename)
+        if listed is None:
             raise DownloadError(f"{artifact.filename} is not listed on {index_url()}/{artifact.project}/")
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".part-", delete=False) as part:
             part_path = Path(part.name)
             try:
                 digest = hashlib.sha256()
-                with urllib.request.urlopen(url, timeout=120) as response:
+                with urllib.request.urlopen(listed.url, timeout=120) as response:
                     while chunk := response.read(CHUNK):
                         digest.update(chunk)
                         part.write(chunk)
                 part.close()
                 if digest.hexdigest() != artifact.sha256:
                     raise DownloadError(
-                        f"sha256 mismatch for {artifact.filename} from {url}: "
-                        f"got {digest.hexdigest()}, VLLM_VERSION pins {artifact.sha256}; refusing it"
+                        f"sha256 mismatch for {artifact.filename} from {listed.url}: "
+                        f"got {digest.hexdigest()}, expected {artifact.sha256}; refusing it"
                     )
                 part_path.chmod(0o644)
                 part_path.replace(target)

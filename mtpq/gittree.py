@@ -7,18 +7,19 @@ every patch applies is then committed with `git am`, one commit per patch.
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from mtpq import status
 from mtpq.download import cache_root, fetch
-from mtpq.pin import Pin, release_in
-from mtpq.series import Series, load_series, parse_patch
+from mtpq.pin import Artifact, Pin, release_in, release_tag
+from mtpq.series import Patch, Series, load_series, parse_patch
 from mtpq.status import PatchResult
 
 # Fixed identity and date for commits mtpq makes itself, so the same inputs give the same ids.
@@ -31,6 +32,8 @@ MTPQ_IDENT = {
     "GIT_COMMITTER_DATE": "2000-01-01T00:00:00Z",
 }
 _FAILED_PATH = re.compile(r"^error: (?:patch failed: )?(.+?)(?::\d+)?(?:: .*)?$", re.MULTILINE)
+_REJECTED_HUNK = re.compile(r"^error: patch failed: ", re.MULTILINE)
+_FILE_ERROR = re.compile(r"^error: (.+?): ", re.MULTILINE)  # e.g. "error: PATH: does not exist in index"
 
 
 class TreeError(RuntimeError):
@@ -92,11 +95,17 @@ def check_clean(repo) -> None:
 
 
 @contextmanager
-def _scratch_index(repo) -> Iterator[dict[str, str]]:
-    """An environment whose git index is a private copy of HEAD's tree."""
+def _scratch_index(
+    repo, revision: str = "HEAD", borrow_objects_from: Sequence[Path] = ()
+) -> Iterator[dict[str, str]]:
+    """An environment whose git index is a private copy of `revision`'s tree, and in which git may
+    also read the objects of the repositories (git dirs) in `borrow_objects_from`."""
     with tempfile.TemporaryDirectory(prefix="mtpq-index-") as scratch:
         env = {"GIT_INDEX_FILE": str(Path(scratch) / "index")}
-        repo.git.read_tree("HEAD", env=env)
+        if borrow_objects_from:
+            objects = [str(Path(git_dir).resolve() / "objects") for git_dir in borrow_objects_from]
+            env["GIT_ALTERNATE_OBJECT_DIRECTORIES"] = os.pathsep.join(objects)
+        repo.git.read_tree(revision, env=env)
         yield env
 
 
@@ -108,38 +117,79 @@ def _applies(repo, patch: Path, *flags: str, env: dict[str, str]) -> tuple[bool,
         return False, str(error.stderr)
 
 
-def _whole_series_upstream(repo, series: Series) -> bool:
-    """Whether HEAD already carries the whole series: it reverse-applies, last patch first.
+def _whole_series_upstream(repo, series: Series, revision: str) -> bool:
+    """Whether `revision` already carries the whole series: it reverse-applies, last patch first.
     (One patch alone may not reverse once later patches changed the lines around it.)"""
-    with _scratch_index(repo) as env:
+    with _scratch_index(repo, revision) as env:
         return all(_applies(repo, patch.path, "--reverse", env=env)[0] for patch in reversed(series.patches))
 
 
-def plan(repo, series: Series) -> list[PatchResult]:
-    """What applying the series on HEAD would do, without touching the tree or its index."""
-    if _whole_series_upstream(repo, series):
+def _failed_hunks(repo, patch: Patch, env: dict[str, str]) -> int:
+    """How many of the patch's hunks do not apply. With --reject, git checks every hunk instead of
+    stopping at a file's first failure; a file it cannot patch at all (absent, or present where the
+    patch creates it) fails all its hunks."""
+    _, _, stderr = repo.git.apply(
+        "--cached",
+        "--check",
+        "--reject",
+        str(patch.path),
+        env=env,
+        with_extended_output=True,
+        with_exceptions=False,
+    )
+    rejected = len(_REJECTED_HUNK.findall(stderr))
+    unpatchable = {path for path in _FILE_ERROR.findall(stderr) if path in patch.hunks}
+    return rejected + sum(patch.hunks[path] for path in unpatchable)
+
+
+def _try_patch(repo, patch: Patch, env: dict[str, str]) -> PatchResult:
+    """Apply one patch to the scratch index in `env`; a conflict leaves that index as it was."""
+    if _applies(repo, patch.path, "--reverse", "--check", env=env)[0]:
+        return PatchResult(patch.name, status.ALREADY_UPSTREAM)
+    clean, stderr = _applies(repo, patch.path, env=env)
+    if clean:
+        return PatchResult(patch.name, status.APPLIED)
+    index = Path(env["GIT_INDEX_FILE"])
+    before_merge = index.with_name("index-before-3way")
+    shutil.copyfile(index, before_merge)
+    merged, merge_stderr = _applies(repo, patch.path, "--3way", env=env)
+    if merged:
+        return PatchResult(patch.name, status.APPLIED_3WAY)
+    unmerged = repo.git.ls_files("--unmerged", env=env).splitlines()
+    files = {line.split("\t", 1)[1] for line in unmerged}
+    files |= {path for path in _FAILED_PATH.findall(stderr + merge_stderr) if path in patch.files}
+    before_merge.replace(index)  # drops what the merge left (conflict stages, files it did merge)
+    return PatchResult(
+        patch.name,
+        status.CONFLICT,
+        files=sorted(files) or list(patch.files),
+        failed_hunks=_failed_hunks(repo, patch, env),
+    )
+
+
+def plan(
+    repo,
+    series: Series,
+    revision: str = "HEAD",
+    keep_going: bool = False,
+    borrow_objects_from: Sequence[Path] = (),
+) -> list[PatchResult]:
+    """What applying the series on `revision` would do, without touching the tree or its index.
+
+    The first conflict ends the plan (the later patches are `not tried`), unless `keep_going`: then
+    a conflicting patch is skipped and every later one is tried on top of those that applied.
+    A 3-way merge needs the blobs a patch was made against; `borrow_objects_from` lends it the
+    objects of other repositories (git dirs), e.g. of the release the series was made on.
+    """
+    if _whole_series_upstream(repo, series, revision):
         return [PatchResult(patch.name, status.ALREADY_UPSTREAM) for patch in series.patches]
     results: list[PatchResult] = []
-    with _scratch_index(repo) as env:
+    with _scratch_index(repo, revision, borrow_objects_from) as env:
         for patch in series.patches:
-            if results and not results[-1].ok:
+            if not keep_going and results and not results[-1].ok:
                 results.append(PatchResult(patch.name, status.NOT_TRIED))
-                continue
-            if _applies(repo, patch.path, "--reverse", "--check", env=env)[0]:
-                results.append(PatchResult(patch.name, status.ALREADY_UPSTREAM))
-                continue
-            clean, stderr = _applies(repo, patch.path, env=env)
-            if clean:
-                results.append(PatchResult(patch.name, status.APPLIED))
-                continue
-            merged, merge_stderr = _applies(repo, patch.path, "--3way", env=env)
-            if merged:
-                results.append(PatchResult(patch.name, status.APPLIED_3WAY))
-                continue
-            unmerged = repo.git.ls_files("--unmerged", env=env).splitlines()
-            files = {line.split("\t", 1)[1] for line in unmerged}
-            files |= {path for path in _FAILED_PATH.findall(stderr + merge_stderr) if path in patch.files}
-            results.append(PatchResult(patch.name, status.CONFLICT, files=sorted(files) or list(patch.files)))
+            else:
+                results.append(_try_patch(repo, patch, env))
     return results
 
 
@@ -217,6 +267,12 @@ def export_series(repo, base: str | None, directory: Path) -> Series:
     if base is None:
         base = repo.git.describe("--tags", "--abbrev=0")
     old = load_series(directory)
+    if old.shared_patches:
+        shared = ", ".join(str(patch.path.relative_to(directory.parent)) for patch in old.shared_patches)
+        raise TreeError(
+            f"{directory} lists patch files of another series ({shared}); exporting would rewrite "
+            f"them. Export into a copy of the series that owns them, or into a new directory's copy."
+        )
     old_by_subject = {patch.subject: patch.name for patch in old.patches}
     with tempfile.TemporaryDirectory(prefix="mtpq-export-") as scratch:
         exported = repo.git.format_patch(
@@ -260,25 +316,30 @@ def _safe_extract(archive: tarfile.TarFile, destination: Path) -> None:
     archive.extractall(destination)
 
 
-def pinned_tree(pin: Pin) -> Path:
-    """A git repository of the pinned sdist (tag v<version> on the baseline), built once and cached."""
-    root = cache_root() / "src" / f"vllm-{pin.version}"
+def sdist_tree(version: str, sdist: Artifact) -> Path:
+    """A git repository of a release's sdist (tag v<version> on the baseline), built once and cached."""
+    root = cache_root() / "src" / f"vllm-{version}"
     if (root / ".git").is_dir():
         return root
     git = _git_module()
-    sdist = fetch(pin.artifacts["sdist"])
+    archive_path = fetch(sdist)
     root.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=root.parent, prefix=".unpack-") as scratch:
-        with tarfile.open(sdist) as archive:
+        with tarfile.open(archive_path) as archive:
             _safe_extract(archive, Path(scratch))
         (unpacked,) = Path(scratch).iterdir()
         repo = git.Repo.init(unpacked, initial_branch="main")
         repo.git.add("--all", "--force")
-        message = f"vLLM {pin.version} (PyPI sdist, sha256 {pin.artifacts['sdist'].sha256})"
+        message = f"vLLM {version} (PyPI sdist, sha256 {sdist.sha256})"
         repo.git.commit("--quiet", "--no-verify", "-m", message, env=MTPQ_IDENT)
-        repo.git.tag(pin.tag)
+        repo.git.tag(release_tag(version))
         unpacked.rename(root)
     return root
+
+
+def pinned_tree(pin: Pin) -> Path:
+    """The cached git repository of a pinned release's sdist."""
+    return sdist_tree(pin.version, pin.artifacts["sdist"])
 
 
 def reset_pinned_branch(repo, pin: Pin) -> None:

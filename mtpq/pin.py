@@ -48,7 +48,7 @@ class Pin:
 
     @property
     def tag(self) -> str:
-        return f"v{self.version}"
+        return release_tag(self.version)
 
     @property
     def branch(self) -> str:
@@ -104,6 +104,11 @@ def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
     if not pins:
         raise PinError(f"{path}: no release is pinned")
     return dict(sorted(pins.items(), key=lambda item: version_key(item[0])))
+
+
+def release_tag(version: str) -> str:
+    """The tag on the baseline commit of a release's tree."""
+    return f"v{version}"
 
 
 def version_key(version: str) -> tuple[int, ...]:

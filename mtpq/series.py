@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import hashlib
 import re
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_SIBLING_ENTRY = re.compile(r"\.\./[A-Za-z0-9._-]+/[A-Za-z0-9._-]+\.patch")
+_HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
 
 
 class SeriesError(ValueError):
@@ -23,6 +26,7 @@ class Patch:
     author: str
     dep3: dict[str, str]
     files: tuple[str, ...]
+    hunks: dict[str, int] = field(hash=False)  # file -> how many hunks change it
 
     @property
     def name(self) -> str:
@@ -54,7 +58,11 @@ def parse_patch(path: Path) -> Patch:
         raise SeriesError(f"{path.name}: DEP-3 field(s) missing from the message: {', '.join(missing)}")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", dep3["Last-Update"]):
         raise SeriesError(f"{path.name}: Last-Update must be YYYY-MM-DD, got {dep3['Last-Update']!r}")
-    files = tuple(dict.fromkeys(b for _, b in _DIFF_HEADER.findall("diff --git " + diff)))
+    sections = _DIFF_HEADER.split("diff --git " + diff)[1:]  # a, b, body, a, b, body, ...
+    hunks = Counter()
+    for target, body in zip(sections[1::3], sections[2::3], strict=True):
+        hunks[target] += len(_HUNK_HEADER.findall(body))
+    files = tuple(hunks)
     subject = " ".join(headers["Subject"].split())
     return Patch(
         path=path,
@@ -62,6 +70,7 @@ def parse_patch(path: Path) -> Patch:
         author=headers["From"],
         dep3=dep3,
         files=files,
+        hunks=dict(hunks),
     )
 
 
@@ -79,13 +88,22 @@ class Series:
         return "s" + digest.hexdigest()[:10]
 
     @property
+    def shared_patches(self) -> tuple[Patch, ...]:
+        """The patches it lists from a sibling series' directory."""
+        return tuple(patch for patch in self.patches if patch.path.parent != self.directory)
+
+    @property
     def files(self) -> tuple[str, ...]:
         """Every path the series touches, in first-touched order."""
         return tuple(dict.fromkeys(f for patch in self.patches for f in patch.files))
 
 
 def load_series(directory: Path) -> Series:
-    """Read `series`, check it against the directory, and parse every patch it lists."""
+    """Read `series`, check it against the directory, and parse every patch it lists.
+
+    An entry is a patch file of the directory, or `../<series>/<file>`: a file of a sibling series
+    (a release's series that is another's plus a patch lists the shared ones that way).
+    """
     series_file = directory / "series"
     if not series_file.is_file():
         raise SeriesError(f"{series_file}: missing")
@@ -97,6 +115,9 @@ def load_series(directory: Path) -> Series:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SeriesError(f"{series_file}: listed more than once: {', '.join(duplicates)}")
+    odd = [name for name in names if "/" in name and not _SIBLING_ENTRY.fullmatch(name)]
+    if odd:
+        raise SeriesError(f"{series_file}: entries must be FILE or ../SERIES/FILE, not: {', '.join(odd)}")
     missing = [name for name in names if not (directory / name).is_file()]
     if missing:
         raise SeriesError(f"{series_file}: entries without a file: {', '.join(missing)}")

@@ -13,6 +13,8 @@ CONFLICT = "conflict"
 FAILED = "failed"
 NOT_TRIED = "not tried"
 SUCCESSES = (APPLIED, APPLIED_3WAY, ALREADY_UPSTREAM, ALREADY_APPLIED)
+# Shorter words for the rebase matrix (mtpq/matrix.py), whose column per release must stay narrow.
+MATRIX_WORDS = {APPLIED: "clean", APPLIED_3WAY: "3-way"}
 
 
 @dataclass
@@ -21,6 +23,7 @@ class PatchResult:
     status: str
     files: list[str] = field(default_factory=list)
     reason: str = ""
+    failed_hunks: int = 0  # of a conflict: the patch's hunks that do not apply
 
     @property
     def ok(self) -> bool:
@@ -32,6 +35,11 @@ class PatchResult:
         if self.status == FAILED:
             return f"{FAILED}: {self.reason}"
         return self.status
+
+    def matrix_word(self) -> str:
+        if self.status == CONFLICT:
+            return f"{CONFLICT} ({self.failed_hunks} hunks)"
+        return MATRIX_WORDS.get(self.status, self.status)
 
 
 def all_ok(results: list[PatchResult]) -> bool:

@@ -3,7 +3,8 @@ clones of them, apply.py runs and vLLM probes.
 
 A session runs for one target (tests/run.py sets MTPQ_TARGET; run directly, it is the vLLM this
 interpreter has): a pinned release whose CPU engine the behaviour tests run. Tests that take
-`release_pin` run once for every release the target's series serves (VLLM_VERSIONS).
+`release_pin` run once for every release the session covers (served_pins), each with its own series
+(`release_series`).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import json
 import os
 import shutil
 import subprocess
@@ -26,7 +28,7 @@ TESTS = ROOT / "tests"
 sys.path.insert(0, str(ROOT))
 
 from mtpq import gittree, installed  # noqa: E402
-from mtpq.pin import load_pins  # noqa: E402
+from mtpq.pin import load_pins, version_key  # noqa: E402
 from mtpq.series import load_series  # noqa: E402
 
 sys.path.insert(0, str(TESTS))
@@ -39,11 +41,32 @@ def target_version() -> str:
     return installed.installed_version(installed.find_installation(sys.executable))
 
 
+def engine_targets() -> list:
+    """The pinned releases with a CPU build to run the tests on, oldest first."""
+    return [pin for pin in load_pins().values() if "cpu-wheel-x86_64" in pin.artifacts]
+
+
+def is_newest_target() -> bool:
+    return target_version() == engine_targets()[-1].version
+
+
+# Tensor parallelism is shown on the newest test-bed target only (each such engine start takes
+# about a minute here).
+collect_ignore = [] if is_newest_target() else ["test_e2e_tensor_parallel.py"]
+
+
 def served_pins() -> list:
-    """Every pinned release the target's series serves, oldest first."""
+    """The pinned releases this session covers, oldest first: those its target's series serves, and,
+    on the newest test bed, the newer releases no CPU engine can test (0.33.0 has no CPU build)."""
     pins = load_pins()
-    series_name = pins[target_version()].series_name
-    return [pin for pin in pins.values() if pin.series_name == series_name]
+    target = pins[target_version()]
+    newest_engine = engine_targets()[-1]
+    return [
+        pin
+        for pin in pins.values()
+        if pin.series_name == target.series_name
+        or (target == newest_engine and version_key(pin.version) > version_key(target.version))
+    ]
 
 
 def pytest_generate_tests(metafunc):
@@ -52,6 +75,11 @@ def pytest_generate_tests(metafunc):
         if metafunc.definition.get_closest_marker("newest_release"):
             releases = releases[-1:]
         metafunc.parametrize("release_pin", releases, ids=[p.version for p in releases], scope="session")
+
+
+@pytest.fixture(scope="session")
+def pins():
+    return load_pins()
 
 
 @pytest.fixture(scope="session")
@@ -66,8 +94,18 @@ def series(pin):
 
 
 @pytest.fixture(scope="session")
+def release_series(release_pin):
+    return load_series(release_pin.series_dir)
+
+
+@pytest.fixture(scope="session")
+def newest_series(newest_pin):
+    return load_series(newest_pin.series_dir)
+
+
+@pytest.fixture(scope="session")
 def newest_pin():
-    """The newest release the target's series serves: the one wheels and images are built for."""
+    """The newest release the session covers: the one wheels and images are built for."""
     return served_pins()[-1]
 
 
@@ -170,26 +208,30 @@ def vllm_probe(series, unpatched_vllm):
 
 @pytest.fixture
 def index(tmp_path, monkeypatch):
-    """A PEP 503 index on loopback with an empty cache; `index.serve(project, name, data)` adds a file."""
+    """A PEP 503 index on loopback with an empty cache. `index.serve(project, name, data)` adds a file to
+    the project's page with its sha256; `sha256=` publishes another one instead, as a tampered index would."""
     root = tmp_path / "index"
     root.mkdir()
     handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(root))
     handler.log_message = lambda *args: None
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # a short poll interval: shutdown() waits for it at every teardown
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
+    published: dict[str, dict[str, str]] = {}  # project -> file name -> the sha256 its page gives
 
     class Index:
         url = f"http://127.0.0.1:{server.server_port}"
         cache = tmp_path / "cache"
 
         @staticmethod
-        def serve(project: str, filename: str, data: bytes) -> None:
+        def serve(project: str, filename: str, data: bytes, sha256: str | None = None) -> None:
             page = root / project
             page.mkdir(exist_ok=True)
             (page / filename).write_bytes(data)
-            (page / "index.html").write_text(
-                f'<a href="{filename}#sha256={hashlib.sha256(data).hexdigest()}">x</a>'
-            )
+            files = published.setdefault(project, {})
+            files[filename] = sha256 or hashlib.sha256(data).hexdigest()
+            anchors = [f'<a href="{name}#sha256={digest}">{name}</a>' for name, digest in files.items()]
+            (page / "index.html").write_text("\n".join(anchors))
 
     monkeypatch.setenv("MTPQ_INDEX_URL", Index.url)
     monkeypatch.setenv("MTPQ_CACHE_DIR", str(Index.cache))
@@ -213,6 +255,43 @@ def engineered_checkpoint(tmp_path_factory):
         return built[key]
 
     return make
+
+
+@pytest.fixture(scope="session")
+def engine_run(vllm_probe, engineered_checkpoint):
+    """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
+    every planned run of its kind (variant and tensor-parallel size) in one probe process."""
+    from e2e_cases import engine_plan, engine_specs
+
+    plan = engine_plan(newest_target=is_newest_target())
+    reports: dict[str, dict] = {}
+
+    def checkpoint_of(case):
+        return engineered_checkpoint(case.quant, case.arch, **case.options)
+
+    def run(requested) -> dict:
+        if requested.key not in reports:
+            batch = engine_specs([r for r in plan if r.kind == requested.kind], checkpoint_of)
+            if requested.key not in batch:
+                pytest.fail(f"{requested.key} is not in e2e_cases.engine_plan()")
+            reports.update(vllm_probe("engine_acceptance", requested.variant, json.dumps(batch))["runs"])
+        return reports[requested.key]
+
+    return run
+
+
+@pytest.fixture
+def series_copy(tmp_path):
+    """`series_copy(series)`: that series' directory in a private copy of patches/ (sibling series
+    included, as a series may list their files), for a test to damage or export into."""
+
+    def copy(series) -> Path:
+        patches = tmp_path / "patches"
+        if not patches.exists():
+            shutil.copytree(series.directory.parent, patches)
+        return patches / series.directory.name
+
+    return copy
 
 
 @pytest.fixture

@@ -12,7 +12,8 @@ per target, covering the series that serves it and every release that series ser
     python tests/run.py [pytest args]              run the suite for every target
     python tests/run.py --target 0.32.0 [args]     one target only
     python tests/run.py --relock [--target V]      re-resolve requirements.in into lock.txt
-    python tests/run.py --venv [--target V]        build or reuse a test bed and print its path
+    python tests/run.py --venv [--target V]        build or reuse a test bed (default: the newest)
+                                                   and print its path
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from mtpq.download import cache_root, fetch, index_url  # noqa: E402
-from mtpq.pin import Pin, load_pins, pin_for  # noqa: E402
+from mtpq.pin import Pin, load_pins  # noqa: E402
 
 ENGINES = ROOT / "tests" / "engines"
 READY = ".mtpq-ready"
@@ -132,21 +133,26 @@ def prepare(pin: Pin) -> tuple[Path, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    chosen = targets()
-    if argv[:1] == ["--target"]:
-        if len(argv) < 2:
+    chosen, mode = targets(), "test"
+    while argv[:1] and argv[0] in ("--target", "--relock", "--venv"):
+        option, argv = argv[0], argv[1:]
+        if option != "--target":
+            mode = option.removeprefix("--")
+            continue
+        if not argv:
             print("--target needs a version", file=sys.stderr)
             return 2
-        chosen = [pin_for(argv[1])]
-        if CPU_WHEEL not in chosen[0].artifacts:
-            print(f"vLLM {argv[1]} has no CPU build pinned to run tests on", file=sys.stderr)
+        chosen = [pin for pin in chosen if pin.version == argv[0]]
+        if not chosen:
+            supported = ", ".join(pin.version for pin in targets())
+            print(f"no test bed for vLLM {argv[0]}; targets: {supported}", file=sys.stderr)
             return 2
-        argv = argv[2:]
-    if argv[:1] == ["--relock"]:
+        argv = argv[1:]
+    if mode == "relock":
         for pin in chosen:
             relock(pin)
         return 0
-    if argv[:1] == ["--venv"]:
+    if mode == "venv":
         print(ensure_venv(chosen[-1]))
         return 0
     failed = []

@@ -174,6 +174,20 @@ def survey(tmp_path):
     return lambda: mtp_checkpoint.survey_mtp_checkpoint(tmp_path, NUM_HIDDEN_LAYERS, num_mtp_layers=1)
 
 
+def decide(found) -> tuple[str, str]:
+    """(the draft's quantization, the log summary): "none" / "inherit" for the whole draft; the
+    v0.22.1 series' per-module split of MTP layer and decoder block as "inherit/none"."""
+    decision = mtp_checkpoint.decide_draft_quantization(found)
+    if hasattr(decision, "quant_config"):
+        return decision.quant_config, decision.summary
+    choice = (
+        decision.mtp_layer
+        if decision.mtp_layer == decision.block
+        else f"{decision.mtp_layer}/{decision.block}"
+    )
+    return choice, decision.summary
+
+
 def header_bytes(path: Path) -> int:
     """8 + the header length the file declares, read independently of the detector."""
     return 8 + int.from_bytes(path.read_bytes()[:8], "little")
@@ -187,13 +201,13 @@ def test_each_quantization_format_is_recognised_in_each_mtp_layout(write_checkpo
     write_checkpoint(main_model(fmt) | mtp_layer(layout, fmt, fmt))
 
     found = survey()
-    decision = mtp_checkpoint.decide_draft_quantization(found)
+    choice, summary = decide(found)
 
     assert found.quantized == {module: label for module in layout.glue + layout.block}
     assert found.unquantized == ()
     assert found.prefixes == (layout.root,)
-    assert (decision.mtp_layer, decision.block) == ("inherit", "inherit")
-    assert f"as {label} -> draft keeps the target's quantization (headers" in decision.summary
+    assert choice == "inherit"
+    assert f"as {label} -> draft keeps the target's quantization (headers" in summary
 
 
 @pytest.mark.parametrize("layout_id", LAYOUTS)
@@ -202,31 +216,39 @@ def test_bf16_mtp_layer_of_a_quantized_model_gives_an_unquantized_draft(write_ch
     write_checkpoint(main_model("ct-int8-w8a8") | mtp_layer(layout, BF16, BF16))
 
     found = survey()
-    decision = mtp_checkpoint.decide_draft_quantization(found)
+    choice, summary = decide(found)
 
     assert found.quantized == {}
     assert found.unquantized == tuple(sorted(layout.glue + layout.block))
-    assert (decision.mtp_layer, decision.block) == ("none", "none")
+    assert choice == "none"
     expected = (
         rf"MTP tensors {re.escape(layout.root)}\.\*: {len(found.unquantized)} unquantized, 0 quantized "
         r"-> draft unquantized \(headers: 1 file, \d+(\.\d)? (B|KiB) of \d+\.\d KiB read\)"
     )
-    assert re.fullmatch(expected, decision.summary), decision.summary
+    assert re.fullmatch(expected, summary), summary
 
 
 @pytest.mark.parametrize("layout_id", LAYOUTS)
-def test_quantized_glue_around_a_bf16_block_is_quantized_per_module(write_checkpoint, survey, layout_id):
+def test_quantized_glue_around_a_bf16_block_is_split_or_refused(write_checkpoint, survey, series, layout_id):
+    """The v0.22.1 series builds such a layer per module; the v0.33.0 series builds the whole draft
+    with one quantization config, so it refuses the layout, naming the modules of each kind."""
     layout = LAYOUTS[layout_id]
     write_checkpoint(main_model("fp8-block") | mtp_layer(layout, "fp8-block", BF16))
 
     found = survey()
-    decision = mtp_checkpoint.decide_draft_quantization(found)
 
     assert found.glue_quantized == list(layout.glue) and found.block_quantized == []
     assert found.block_unquantized == sorted(layout.block) and found.glue_unquantized == []
-    assert (decision.mtp_layer, decision.block) == ("inherit", "none")
     glue = ", ".join(layout.glue)
-    assert f"-> decoder block unquantized, {glue} keep the target's quantization" in decision.summary
+    if series.directory.name == "v0.22.1":
+        choice, summary = decide(found)
+        assert choice == "inherit/none"
+        assert f"-> decoder block unquantized, {glue} keep the target's quantization" in summary
+    else:
+        with pytest.raises(ValueError) as refused:
+            decide(found)
+        assert f"MTP layer's {glue} quantized" in str(refused.value)
+        assert all(module in str(refused.value) for module in layout.block[:5])
 
 
 @pytest.mark.parametrize("layout_id", LAYOUTS)
@@ -237,15 +259,13 @@ def test_quantized_block_with_bf16_glue_and_router_keeps_the_target_quantization
     write_checkpoint(main_model("ct-int8-w8a8") | mtp_layer(layout, BF16, "ct-int8-w8a8"))
 
     found = survey()
-    decision = mtp_checkpoint.decide_draft_quantization(found)
+    choice, summary = decide(found)
 
     assert found.block_quantized == sorted(layout.block)
     assert found.glue_unquantized == list(layout.glue)
-    assert (decision.mtp_layer, decision.block) == ("inherit", "inherit")
-    assert (
-        f"draft keeps the target's quantization; unquantized: {', '.join(layout.glue)} (" in decision.summary
-    )
-    assert not [module for module in layout.exempt if module in decision.summary]
+    assert choice == "inherit"
+    assert f"draft keeps the target's quantization; unquantized: {', '.join(layout.glue)} (" in summary
+    assert not [module for module in layout.exempt if module in summary]
 
 
 def test_summary_names_at_most_five_unquantized_modules(write_checkpoint, survey):
@@ -257,7 +277,7 @@ def test_summary_names_at_most_five_unquantized_modules(write_checkpoint, survey
     write_checkpoint(tensors)
 
     found = survey()
-    summary = mtp_checkpoint.decide_draft_quantization(found).summary
+    _, summary = decide(found)
 
     listed = sorted([*layout.glue, *extra_glue])
     assert f"unquantized: {', '.join(listed[:5])} (+{len(listed) - 5} more)" in summary

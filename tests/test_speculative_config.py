@@ -95,18 +95,18 @@ def test_unpatched_vllm_has_no_draft_quant_config(verdicts):
 @pytest.mark.parametrize("quant", ["int8_w8a8", "w4a16"])
 def test_auto_builds_a_bf16_mtp_block_unquantized_and_logs_its_evidence(verdicts, quant):
     verdict = verdicts("patched")[f"{quant}-auto"]
-    assert verdict["decision"] == {"mtp_layer": "none", "block": "none"}
+    assert verdict["decision"] == "none"
     [line] = [line for line in verdict["log"] if "draft_quant_config=auto" in line]
     assert "model.mtp_layers.0.*" in line and "0 quantized" in line and "draft unquantized" in line
 
 
 def test_auto_leaves_an_unquantized_checkpoint_to_the_target(verdicts):
-    assert verdicts("patched")["bf16-auto"]["decision"] == {"mtp_layer": "inherit", "block": "inherit"}
+    assert verdicts("patched")["bf16-auto"]["decision"] == "inherit"
 
 
 @pytest.mark.parametrize("option", ["inherit", "none"])
 def test_explicit_choices_are_taken_as_given(verdicts, option):
-    assert verdicts("patched")[f"int8_w8a8-{option}"]["decision"] == {"mtp_layer": option, "block": option}
+    assert verdicts("patched")[f"int8_w8a8-{option}"]["decision"] == option
 
 
 def test_a_quant_config_dict_is_accepted_for_the_draft(verdicts):

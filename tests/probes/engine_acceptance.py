@@ -1,22 +1,28 @@
-"""Run greedy generation on the real vLLM engine and report MTP acceptance.
+"""Run greedy generation on the real vLLM engine, several engine runs in one process, and report
+MTP acceptance for each.
 
-Usage: python engine_acceptance.py MODEL_DIR [--speculative-config JSON]
-       [--prompts JSON] [--max-tokens N] [--load-format dummy]
+Usage: python engine_acceptance.py RUNS_JSON
+  RUNS_JSON: {"name": {"model": DIR, "speculative_config": {...} or null,
+                       "tensor_parallel_size": N (default 1), "in_process": bool (default true),
+                       "prompts": [[ids]...] (optional), "max_tokens": N (default 32)}, ...}
 
-Prints one JSON object as the last stdout line: the generated token ids,
-speculative-decoding counters from LLM.get_metrics() and timings, or
-{"error_type", "error"} when the engine fails to start or run: the class
-name and the "SomeError: message" line of the exception that failed in the
-engine or worker process, not the driver's generic "initialization failed".
-Either way "vllm_file" says which vllm package ran.  Leave out
---speculative-config for a run without MTP.  One engine per process: the CPU
-platform spawns workers, so a fresh process is the only clean way to change
-the configuration.
+The runs go one after another in this process. In-process runs put the engine core and its worker
+in this process too (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uniprocess executor): importing vLLM is
+most of an engine's start-up, so this keeps a run to seconds. The others start the usual
+multiprocess engine, with tensor-parallel ranks bound to disjoint CPU sets. All runs of one
+invocation share tensor_parallel_size and in_process (the choice is made before vLLM is imported).
+
+Prints one JSON object as the last stdout line: {"vllm_file": ..., "runs": {name: report}}, a report
+being the generated token ids, speculative-decoding counters from LLM.get_metrics(), timings and,
+with a speculative config, what every tensor-parallel rank built its MTP draft with ("draft_ranks"),
+or {"error_type", "error"} when the engine failed to start or run: the class name and the
+"SomeError: message" line of the exception that failed, in the engine or worker process if there is
+one, not the driver's generic "initialization failed". "vllm_file" says which vllm package ran.
 """
 
 from __future__ import annotations
 
-import argparse
+import gc
 import json
 import os
 import re
@@ -24,13 +30,15 @@ import sys
 import tempfile
 import time
 import traceback
+from contextlib import ExitStack
 from itertools import zip_longest
 from pathlib import Path
 
 # Before vllm is imported: the CPU KV cache defaults to several GiB.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: checkpoints
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/probes/: mtp_vllm
 from checkpoints import default_prompts  # noqa: E402
 
 _COUNTERS = {
@@ -45,25 +53,6 @@ _LOG_PREFIX = re.compile(r"^((?:\([^)]*\) )?(?:[A-Z]+ [\d-]+ [\d:]+ \[[^\]]*\] )
 # wrappers raise around a child's failure is deliberately not matched.
 _EXCEPTION_START = re.compile(r"^(?:[A-Za-z_]\w*\.)*[A-Za-z_]\w*(?:Error|Exception): ")
 _NOT_A_CONTINUATION = ("Traceback", "  File", "During handling", "The above exception")
-
-
-def parse_args(argv):
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("model", help="checkpoint directory")
-    parser.add_argument(
-        "--speculative-config",
-        type=json.loads,
-        default=None,
-        help='e.g. \'{"method": "mtp", "num_speculative_tokens": 2}\'',
-    )
-    parser.add_argument("--prompts", type=json.loads, default=default_prompts())
-    parser.add_argument("--max-tokens", type=int, default=32)
-    parser.add_argument(
-        "--load-format",
-        default="auto",
-        help='"dummy" (random weights) checks that an architecture starts at all',
-    )
-    return parser.parse_args(argv)
 
 
 def speculative_metrics(metrics) -> dict:
@@ -172,55 +161,141 @@ class CapturedOutput:
         return False
 
 
-def run(args) -> dict:
-    from vllm import LLM, SamplingParams
+def describe_draft(worker) -> dict:
+    """On one worker: its rank, the draft quantization its config resolved, the quant method of each
+    of its draft's linears and the shapes of its draft parameters (sharded under tensor parallelism)."""
+    import torch.distributed
+    from mtp_vllm import describe_linears
 
-    started = time.monotonic()
-    llm = LLM(
-        model=args.model,
-        trust_remote_code=True,
-        dtype="bfloat16",
-        max_model_len=256,
-        max_num_seqs=8,
-        enforce_eager=True,
-        disable_log_stats=False,
-        speculative_config=args.speculative_config,
-        load_format=args.load_format,
-    )
-    startup_s = time.monotonic() - started
-
-    sampling = SamplingParams(temperature=0.0, max_tokens=args.max_tokens, ignore_eos=True, detokenize=False)
-    started = time.monotonic()
-    results = llm.generate([{"prompt_token_ids": prompt} for prompt in args.prompts], sampling)
-    generate_s = time.monotonic() - started
+    speculative = worker.vllm_config.speculative_config
+    decision = getattr(speculative, "draft_quant_decision", None)
+    draft = worker.model_runner.drafter.model
     return {
-        "outputs": [list(result.outputs[0].token_ids) for result in results],
-        **speculative_metrics(llm.get_metrics()),
-        "startup_s": round(startup_s, 1),
-        "generate_s": round(generate_s, 1),
+        "rank": torch.distributed.get_rank() if torch.distributed.is_initialized() else 0,
+        "draft_quant_decision": decision if decision is None or isinstance(decision, str) else vars(decision),
+        "linears": describe_linears(draft),
+        "parameter_shapes": {name: list(param.shape) for name, param in draft.named_parameters()},
     }
 
 
-def main(argv=None) -> int:
-    args = parse_args(argv)
-    failure = None
+def in_process_executor():
+    """The executor that runs the worker in this process. Passed as a class: vLLM 0.22.1's CPU
+    platform replaces the name "uni" with its multiprocess executor."""
+    from vllm.v1.executor.uniproc_executor import UniProcExecutor
+
+    return UniProcExecutor
+
+
+def run_one(spec: dict, in_process: bool) -> dict:
+    from vllm import LLM, SamplingParams
+
+    engine_args = {
+        "model": spec["model"],
+        "trust_remote_code": True,
+        "dtype": "bfloat16",
+        "max_model_len": 256,
+        "max_num_seqs": 8,
+        "enforce_eager": True,
+        "disable_log_stats": False,
+        "speculative_config": spec.get("speculative_config"),
+        "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
+    }
+    with ExitStack() as stack:
+        if in_process:
+            engine_args["distributed_executor_backend"] = in_process_executor()
+            stack.enter_context(engine_config_in_force(engine_args))
+        started = time.monotonic()
+        llm = LLM(**engine_args)
+        try:
+            startup_s = time.monotonic() - started
+            prompts = spec.get("prompts") or default_prompts()
+            sampling = SamplingParams(
+                temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True, detokenize=False
+            )
+            started = time.monotonic()
+            results = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling)
+            generate_s = time.monotonic() - started
+            report = {
+                "outputs": [list(result.outputs[0].token_ids) for result in results],
+                **speculative_metrics(llm.get_metrics()),
+                "startup_s": round(startup_s, 1),
+                "generate_s": round(generate_s, 1),
+            }
+            if spec.get("speculative_config"):
+                report["draft_ranks"] = llm.collective_rpc(describe_draft)
+            return report
+        finally:
+            # Now, not when the last reference goes: a reported failure's traceback still holds one.
+            llm.llm_engine.engine_core.shutdown()
+
+
+def engine_config_in_force(engine_args: dict):
+    """The engine's config as vLLM's current config for a whole in-process run. vLLM 0.22.1's CPU MoE
+    fallback (taken without AVX-512 kernels) builds its activation op at forward time, which needs a
+    current config; in a worker process nothing sets one there either, so stock 0.22.1 cannot run an
+    MoE model on such a CPU at all ("Current vLLM config is not set")."""
+    from vllm.config import set_current_vllm_config
+    from vllm.engine.arg_utils import EngineArgs
+
+    return set_current_vllm_config(EngineArgs(**engine_args).create_engine_config())
+
+
+def release_engine_state() -> None:
+    """What an in-process engine leaves behind, so the next run starts clean (also after a failure)."""
+    from vllm.distributed.parallel_state import destroy_distributed_environment, destroy_model_parallel
+
+    gc.collect()
+    destroy_model_parallel()
+    destroy_distributed_environment()
+
+
+def run_and_report(spec: dict, in_process: bool) -> dict:
     with CapturedOutput() as captured:
         try:
-            report = run(args)
+            return run_one(spec, in_process)
         except Exception as error:  # an engine failure is a result to report
             traceback.print_exc()
-            failure = error
-    if failure is not None:
-        chain = exception_chain(failure)
-        error_type, error = original_exception(failure, chain, captured.text)
-        report = {
-            "error_type": error_type,
-            "error": f"{error_type}: {error}",
-            "driver_error": chain,
-            "logged_exceptions": [line for line in logged_exceptions(captured.text) if line not in chain],
-        }
-    report["vllm_file"] = imported_vllm_file()
-    print(json.dumps(report), flush=True)
+            chain = exception_chain(error)
+            original = error
+        finally:
+            if in_process:
+                release_engine_state()
+    error_type, message = original_exception(original, chain, captured.text)
+    return {
+        "error_type": error_type,
+        "error": f"{error_type}: {message}",
+        "driver_error": chain,
+        "logged_exceptions": [line for line in logged_exceptions(captured.text) if line not in chain],
+    }
+
+
+def bind_ranks_to_cpus(ranks: int) -> None:
+    """vLLM's CPU workers bind their threads per NUMA node, one rank per node; a machine with fewer
+    nodes than ranks needs the CPU sets given: split this process's CPUs evenly between the ranks."""
+    cpus = sorted(os.sched_getaffinity(0))
+    share = len(cpus) // ranks
+    if share == 0:
+        raise SystemExit(f"{ranks} tensor-parallel ranks need at least {ranks} CPUs, this process has {cpus}")
+    groups = [cpus[rank * share : (rank + 1) * share] for rank in range(ranks)]
+    os.environ.setdefault("VLLM_CPU_OMP_THREADS_BIND", "|".join(",".join(map(str, g)) for g in groups))
+
+
+def main(argv=None) -> int:
+    runs = json.loads((argv or sys.argv[1:])[0])
+    kinds = {(spec.get("tensor_parallel_size", 1), spec.get("in_process", True)) for spec in runs.values()}
+    if len(kinds) > 1:
+        raise SystemExit("runs of one invocation must share tensor_parallel_size and in_process")
+    (tensor_parallel_size, in_process) = kinds.pop() if kinds else (1, True)
+    if in_process:
+        if tensor_parallel_size != 1:
+            raise SystemExit("an in-process engine has one rank")
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    elif tensor_parallel_size > 1:
+        bind_ranks_to_cpus(tensor_parallel_size)
+    # describe_draft travels to worker processes as a pickled function.
+    os.environ["VLLM_ALLOW_INSECURE_SERIALIZATION"] = "1"
+    reports = {name: run_and_report(spec, in_process) for name, spec in runs.items()}
+    print(json.dumps({"vllm_file": imported_vllm_file(), "runs": reports}), flush=True)
     return 0
 
 

@@ -269,15 +269,11 @@ def load_mtp_draft_weights(draft, vllm_config) -> set[str]:
 
 
 def describe_linears(draft: torch.nn.Module) -> dict[str, str]:
-    """Quant method class of every linear, MoE and embedding or head module of the draft."""
-    from vllm.model_executor.layers.quantization.base_config import QuantizeMethodBase
-    from vllm.model_executor.layers.quantization.kv_cache import BaseKVCacheMethod
-
+    """Quant method class of every module of the draft that has one (linears, MoE experts,
+    embeddings and heads, attention's KV cache), and of plain torch Linears."""
     described = {}
     for name, module in draft.named_modules():
-        quant_method = getattr(module, "quant_method", None)
-        # Attention layers carry a KV-cache method: no weight of the MTP checkpoint.
-        if isinstance(quant_method, QuantizeMethodBase) and not isinstance(quant_method, BaseKVCacheMethod):
+        if (quant_method := getattr(module, "quant_method", None)) is not None:
             described[name] = type(quant_method).__name__
         elif isinstance(module, torch.nn.Linear):
             # Some drafters build eh_proj as a plain torch Linear: never quantized.

@@ -7,8 +7,9 @@ Builds the real ModelConfig and SpeculativeConfig the engine would build (no
 model weights are read, no engine starts) under whichever vLLM is first on
 PYTHONPATH, once per scenario in one process (importing vLLM is the slow part).
 Last stdout line: {"vllm_file": ..., "verdicts": {name: verdict}}, a verdict
-being the resolved draft quantization, the config hash and the INFO lines vLLM
-logged about it, or ``{"error_type": ..., "error": ...}`` when refused.
+being the resolved draft quantization ("none", "inherit", or the v0.22.1 series'
+"inherit/none" split), the config hash and the INFO lines vLLM logged about it,
+or ``{"error_type": ..., "error": ...}`` when refused.
 """
 
 import json
@@ -17,6 +18,8 @@ import sys
 
 import vllm
 from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig
+
+SPECULATIVE_LOGGER = "vllm.config.speculative"
 
 
 class _Collect(logging.Handler):
@@ -28,10 +31,23 @@ class _Collect(logging.Handler):
         self.lines.append(record.getMessage())
 
 
+def decision_name(decision) -> str | None:
+    """ "none" / "inherit" (the v0.33.0 series stores that string; the v0.22.1 series an object
+    deciding MTP layer and decoder block apart, shown as "inherit/none" when they differ)."""
+    if decision is None or isinstance(decision, str):
+        return decision
+    if decision.mtp_layer == decision.block:
+        return decision.mtp_layer
+    return f"{decision.mtp_layer}/{decision.block}"
+
+
 def resolve(model_dir: str, speculative_config: dict) -> dict:
     verdict: dict = {}
     logs = _Collect()
-    logging.getLogger("vllm").addHandler(logs)
+    # On the module's own logger, at INFO: vLLM configures the "vllm" logger (level, handlers) lazily.
+    logger = logging.getLogger(SPECULATIVE_LOGGER)
+    logger.setLevel(logging.INFO)
+    logger.addHandler(logs)
     try:
         target = ModelConfig(model=model_dir, trust_remote_code=True, max_model_len=256)
         speculative = SpeculativeConfig(
@@ -42,14 +58,13 @@ def resolve(model_dir: str, speculative_config: dict) -> dict:
     except Exception as error:  # the verdict, not a crash: tests assert on it
         verdict.update(error_type=type(error).__name__, error=str(error))
     else:
-        decision = getattr(speculative, "draft_quant_decision", None)
         verdict.update(
             method=speculative.method,
-            decision=decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
+            decision=decision_name(getattr(speculative, "draft_quant_decision", None)),
             hash=speculative.compute_hash(),
         )
     finally:
-        logging.getLogger("vllm").removeHandler(logs)
+        logger.removeHandler(logs)
     verdict["log"] = [line for line in logs.lines if "draft" in line.lower()]
     return verdict
 
