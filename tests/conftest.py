@@ -307,9 +307,13 @@ def checkpoint_copy(tmp_path):
 
 
 @pytest.fixture(scope="session")
-def series_name(series) -> str:
-    """The series' directory under patches/ ("v0.22.1", "v0.33.0"): what per-series expectations key on."""
-    return series.directory.name
+def series_design(series) -> str:
+    """The series whose design this one's behaviour follows, by directory name ("v0.22.1", "v0.33.0"):
+    what per-series expectations key on. A series built from a sibling's patches plus a backport (the
+    v0.32.0 series lists v0.33.0's) answers with that sibling's name."""
+    siblings = {patch.path.parent.name for patch in series.shared_patches}
+    (design,) = siblings or {series.directory.name}
+    return design
 
 
 @pytest.fixture(scope="session")

@@ -113,33 +113,33 @@ def test_bf16_wo_a_projection_matches_float64_and_writes_every_output_element(pr
     assert maths["relative_error"] <= BF16_TOLERANCE, (maths, verdict["seed"])
 
 
-def test_unpatched_bf16_wo_a_projection_exists_only_upstream(probe, series_name):
+def test_unpatched_bf16_wo_a_projection_exists_only_upstream(probe, series_design):
     maths = probe("unpatched")["maths"]
-    if STOCK_HAS_BF16_WO_A[series_name]:
+    if STOCK_HAS_BF16_WO_A[series_design]:
         assert all(maths[shape]["relative_error"] <= BF16_TOLERANCE for shape in ("flash", "flash_ratios"))
     else:
         assert maths["error_type"] == "ImportError"
 
 
 @pytest.mark.parametrize("scenario", BF16_MTP)
-def test_patched_bf16_wo_a_takes_the_bf16_path_and_matches_float64(draft, series_name, scenario):
+def test_patched_bf16_wo_a_takes_the_bf16_path_and_matches_float64(draft, series_design, scenario):
     built = draft("patched", scenario)
     run = o_proj(built)
     assert built["after_load"]["wo_a_weight_dtype"] == "torch.bfloat16"
     assert is_bf16_path(run), run
-    assert run["compiled_by_vllm"] == VLLM_COMPILES_DEEPSEEK_V4[series_name]
+    assert run["compiled_by_vllm"] == VLLM_COMPILES_DEEPSEEK_V4[series_design]
     if run["compiled_by_vllm"]:
         # vLLM compiles the model's forward with full graphs: the path must trace without a break.
         assert run["compiled_equals_eager"] is True
 
 
-def test_unpatched_bf16_mtp_layer_ignored_by_index_runs_its_o_proj_as_the_release_can(draft, series_name):
+def test_unpatched_bf16_mtp_layer_ignored_by_index_runs_its_o_proj_as_the_release_can(draft, series_design):
     """Seed 004: the MTP layer ignored by its draft index gets a BF16 wo_a, which stock vLLM 0.22.1
     reads as FP8 (AttributeError at the first forward); 0.32 has the BF16 path."""
     built = draft("unpatched", "fp8_target_ignoring_bf16_mtp")
     run = o_proj(built)
     assert built["after_load"]["wo_a_weight_dtype"] == "torch.bfloat16"
-    expected = STOCK_O_PROJ_OF_IGNORED_BF16_LAYER[series_name]
+    expected = STOCK_O_PROJ_OF_IGNORED_BF16_LAYER[series_design]
     assert (BF16_PATH if is_bf16_path(run) else run) == expected
 
 
@@ -155,10 +155,10 @@ def test_fp8_path_with_weight_scale_inv_is_unchanged(draft):
     assert o_proj(draft("unpatched", scenario)) == o_proj(draft("patched", scenario))
 
 
-def test_unpatched_fp8_wo_a_with_weight_scale_runs_as_the_release_can(draft, series_name):
+def test_unpatched_fp8_wo_a_with_weight_scale_runs_as_the_release_can(draft, series_design):
     """compressed-tensors FP8 names the block scale weight_scale; stock vLLM 0.22.1 reads
     weight_scale_inv only, 0.32 either."""
-    assert o_proj(draft("unpatched", "fp8_weight_scale")) == STOCK_O_PROJ_OF_WEIGHT_SCALE[series_name]
+    assert o_proj(draft("unpatched", "fp8_weight_scale")) == STOCK_O_PROJ_OF_WEIGHT_SCALE[series_design]
 
 
 @pytest.mark.parametrize("scenario", BF16_MTP)
@@ -190,10 +190,10 @@ def test_unpatched_fp8_target_casts_a_bf16_mtp_layer_into_fp8_and_never_loads_it
     assert f"{WO_A}.weight_scale" in built["unloaded"]
 
 
-def test_patched_fp8_wo_a_without_scale_fails_at_load_naming_it(draft, series_name):
+def test_patched_fp8_wo_a_without_scale_fails_at_load_naming_it(draft, series_design):
     load = draft("patched", "fp8_wo_a_unscaled")["load"]
     assert load["error_type"] == "ValueError"
-    assert load["error"].startswith(UNSCALED_WO_A_ERROR[series_name])
+    assert load["error"].startswith(UNSCALED_WO_A_ERROR[series_design])
     assert "draft_quant_config" in load["error"]
 
 
@@ -211,10 +211,10 @@ def test_unpatched_fp8_wo_a_without_scale_loads_silently(draft):
     ],
 )
 def test_patched_o_proj_refuses_a_wo_a_it_cannot_read_where_the_series_has_the_rule(
-    probe, series_name, case, message
+    probe, series_design, case, message
 ):
     refusal = probe("patched")["scale_name"]
-    if not REFUSES_UNREADABLE_WO_A_AT_BUILD[series_name]:
+    if not REFUSES_UNREADABLE_WO_A_AT_BUILD[series_design]:
         assert refusal["error_type"] == "ImportError"
         return
     assert refusal[case]["error_type"] == "ValueError"

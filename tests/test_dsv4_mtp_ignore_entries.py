@@ -53,26 +53,26 @@ def built_as(projection: dict) -> dict:
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_unpatched_draft_quantizes_the_projections_its_checkpoint_ignores(draft, series_name, scenario):
+def test_unpatched_draft_quantizes_the_projections_its_checkpoint_ignores(draft, series_design, scenario):
     built = draft("unpatched", scenario)
     for projection in PROJECTIONS:
-        prefix = STOCK_PROJECTION_PREFIXES[series_name]
+        prefix = STOCK_PROJECTION_PREFIXES[series_design]
         assert built[projection]["prefix"] == (f"{prefix}{projection}" if prefix else "")
         assert built_as(built[projection]) == FP8
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-def test_patched_draft_builds_the_projections_as_the_ignore_entries_say(draft, series_name, scenario):
+def test_patched_draft_builds_the_projections_as_the_ignore_entries_say(draft, series_design, scenario):
     built = draft("patched", scenario)
     for projection in PROJECTIONS:
         assert built[projection]["prefix"] == f"{DRAFT_LAYER}.{projection}"
-        assert built_as(built[projection]) == PATCHED_PROJECTIONS[series_name][scenario]
+        assert built_as(built[projection]) == PATCHED_PROJECTIONS[series_design][scenario]
 
 
-def test_patched_draft_changes_only_the_target_entries_for_the_mtp_layer(draft, series_name):
+def test_patched_draft_changes_only_the_target_entries_for_the_mtp_layer(draft, series_design):
     built = draft("patched", "exact_names")
     assert built["target_quant_config_is_shared"]
     before, after = built["target_ignore_before"], built["target_ignore_after"]
     rekeyed = [entry.replace("model.mtp.0.", f"{DRAFT_LAYER}.") for entry in before]
     assert "lm_head" in before and rekeyed != before
-    assert after == (rekeyed if REKEYS_THE_SHARED_CONFIG[series_name] else before)
+    assert after == (rekeyed if REKEYS_THE_SHARED_CONFIG[series_design] else before)

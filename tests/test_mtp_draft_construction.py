@@ -99,10 +99,10 @@ def test_patched_draft_of_a_quantized_mtp_layer_keeps_the_target_quantization(dr
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_patched_quantized_projections_around_a_bf16_block_follow_the_series_rule(
-    draft, series_name, architecture
+    draft, series_design, architecture
 ):
     result = draft("patched", architecture, "bf16_block")
-    decision = SPLIT_LAYOUT_DECISION[series_name]
+    decision = SPLIT_LAYOUT_DECISION[series_design]
     if decision is None:
         assert result["error_type"] == "ValidationError", result
         assert all(part in result["error"] for part in SPLIT_LAYOUT_REFUSAL), result["error"]

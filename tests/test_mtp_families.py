@@ -90,14 +90,14 @@ UNBUILDABLE = {
 
 
 @pytest.fixture(scope="module")
-def draft(mtp_drafts, series_name):
+def draft(mtp_drafts, series_design):
     """`draft(variant, family, quantization)`: the draft built and loaded, or None where this release
     cannot build the family (checked to fail as UNBUILDABLE says)."""
 
     def result(variant: str, family: str, quantization: str) -> dict | None:
         run = mtp_drafts(variant)[SECTION][family][quantization]
-        if family in UNBUILDABLE[series_name]:
-            error_type, error = UNBUILDABLE[series_name][family]
+        if family in UNBUILDABLE[series_design]:
+            error_type, error = UNBUILDABLE[series_design][family]
             assert (run["build"]["error_type"], run["build"]["error"]) == (error_type, error)
             return None
         assert "build" not in run, f"{family} {quantization} draft not built: {run['build']}"

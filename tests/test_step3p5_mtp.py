@@ -70,8 +70,8 @@ def run(mtp_drafts):
 
 
 @pytest.fixture(scope="module")
-def nvfp4(series_name) -> str:
-    return NVFP4_METHOD[series_name]
+def nvfp4(series_design) -> str:
+    return NVFP4_METHOD[series_design]
 
 
 @pytest.fixture(scope="module")
@@ -201,9 +201,9 @@ def test_patched_head_is_quantized_when_the_checkpoint_quantized_it(run):
     assert run("patched", "int8_with_head+auto")["linears"][MTP_HEAD] == INT8
 
 
-def test_unpatched_head_of_a_quantized_head_is_built_and_loaded_as_the_release_can(run, series_name):
+def test_unpatched_head_of_a_quantized_head_is_built_and_loaded_as_the_release_can(run, series_design):
     built = run("unpatched", "int8_with_head+auto")
-    method, error_type, error_start = STOCK_QUANTIZED_HEAD[series_name]
+    method, error_type, error_start = STOCK_QUANTIZED_HEAD[series_design]
     assert built["linears"][MTP_HEAD] == method
     assert built["load"]["error_type"] == error_type
     assert built["load"]["error"].startswith(error_start)
