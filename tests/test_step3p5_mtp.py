@@ -80,9 +80,14 @@ def hf_config(mtp_drafts):
     return mtp_drafts("patched")[SECTION]["hf_config"]
 
 
+# The block's attention layer, described with its KV-cache method: no weight of the checkpoint.
+MTP_ATTENTION = f"{MTP_LAYER}.mtp_block.self_attn.attn"
+
+
 def methods_outside_block(built: dict) -> set[str]:
     """Quant methods of the draft's embeddings, eh_proj and head."""
-    return {method for name, method in built["linears"].items() if name not in BLOCK_LINEARS}
+    block = BLOCK_LINEARS | {MTP_ATTENTION}
+    return {method for name, method in built["linears"].items() if name not in block}
 
 
 def block_methods(built: dict) -> set[str]:
