@@ -12,6 +12,8 @@ quantization scales no tensor reached (what drafts at 0 % acceptance).
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 SECTION = "families"
@@ -49,6 +51,7 @@ FORMATS = {
     "glm5": ("fp8_block", "modelopt_nvfp4", "ct_nvfp4"),
 }
 RUNS = [(family, quantization) for family, formats in FORMATS.items() for quantization in formats]
+KV_CACHE_PARAMETER = re.compile(r"\.attn\.(k|v|q|prob)_(scale|zero_point)$")
 # The proposer gives the draft the target's embedding and LM head.
 SHARED_WITH_TARGET = ("embed_tokens", "lm_head")
 
@@ -114,10 +117,8 @@ def method_of(linears: dict, module: str) -> str | None:
 
 def never_loaded_quantization_parameters(run: dict) -> list[str]:
     """Parameters of the MTP layer's linears and experts that no checkpoint tensor reached (KV-cache
-    scales, which checkpoints may omit, left out)."""
-    return [
-        name for name in run["unloaded"] if ".attn." not in name and not name.endswith(SHARED_WITH_TARGET)
-    ]
+    scales and zero points, which checkpoints may omit, left out)."""
+    return [name for name in run["unloaded"] if not KV_CACHE_PARAMETER.search(name)]
 
 
 @pytest.mark.parametrize(("family", "quantization"), RUNS)
