@@ -304,3 +304,20 @@ def checkpoint_copy(tmp_path):
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def series_design(series) -> str:
+    """The series whose design this one's behaviour follows, by directory name ("v0.22.1", "v0.33.0"):
+    what per-series expectations key on. A series built from a sibling's patches plus a backport (the
+    v0.32.0 series lists v0.33.0's) answers with that sibling's name."""
+    siblings = {patch.path.parent.name for patch in series.shared_patches}
+    (design,) = siblings or {series.directory.name}
+    return design
+
+
+@pytest.fixture(scope="session")
+def mtp_drafts(vllm_probe):
+    """`mtp_drafts(variant)`: the verdict of tests/probes/mtp_drafts.py, every draft construction and
+    loading section of one vLLM variant (one probe process per variant and session)."""
+    return lambda variant: vllm_probe("mtp_drafts", variant)
