@@ -216,6 +216,14 @@ def index(tmp_path, monkeypatch):
     server.shutdown()
 
 
+def run_mtpq(*args: str) -> subprocess.CompletedProcess:
+    """`python -m mtpq ARGS` as a user runs it: with the standard library alone (-S: no site-packages,
+    so no torch, vLLM or regex)."""
+    return subprocess.run(
+        [sys.executable, "-S", "-m", "mtpq", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+    )
+
+
 @pytest.fixture(scope="session")
 def engineered_checkpoint(tmp_path_factory):
     """`engineered_checkpoint(quant, arch="mimo", **options)`: a tiny engineered MTP checkpoint (see
