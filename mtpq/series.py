@@ -11,6 +11,7 @@ from pathlib import Path
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_SIBLING_ENTRY = re.compile(r"\.\./[A-Za-z0-9._-]+/[A-Za-z0-9._-]+\.patch")
 _HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
 
 
@@ -87,13 +88,22 @@ class Series:
         return "s" + digest.hexdigest()[:10]
 
     @property
+    def shared_patches(self) -> tuple[Patch, ...]:
+        """The patches it lists from a sibling series' directory."""
+        return tuple(patch for patch in self.patches if patch.path.parent != self.directory)
+
+    @property
     def files(self) -> tuple[str, ...]:
         """Every path the series touches, in first-touched order."""
         return tuple(dict.fromkeys(f for patch in self.patches for f in patch.files))
 
 
 def load_series(directory: Path) -> Series:
-    """Read `series`, check it against the directory, and parse every patch it lists."""
+    """Read `series`, check it against the directory, and parse every patch it lists.
+
+    An entry is a patch file of the directory, or `../<series>/<file>`: a file of a sibling series
+    (a release's series that is another's plus a patch lists the shared ones that way).
+    """
     series_file = directory / "series"
     if not series_file.is_file():
         raise SeriesError(f"{series_file}: missing")
@@ -105,6 +115,9 @@ def load_series(directory: Path) -> Series:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SeriesError(f"{series_file}: listed more than once: {', '.join(duplicates)}")
+    odd = [name for name in names if "/" in name and not _SIBLING_ENTRY.fullmatch(name)]
+    if odd:
+        raise SeriesError(f"{series_file}: entries must be FILE or ../SERIES/FILE, not: {', '.join(odd)}")
     missing = [name for name in names if not (directory / name).is_file()]
     if missing:
         raise SeriesError(f"{series_file}: entries without a file: {', '.join(missing)}")
