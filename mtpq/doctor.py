@@ -9,13 +9,13 @@ from __future__ import annotations
 
 import re
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mtpq import mtp_facts as facts
 from mtpq.checkpoint import Checkpoint, read_checkpoint, text_config_of
 from mtpq.pin import load_pins
-from mtpq.survey import load_survey
+from mtpq.survey import load_survey, series_survey
 
 WORKS = "works"
 OFF = "MTP silently off"
@@ -71,6 +71,7 @@ class Diagnosis:
     platform: str
     verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)  # release -> stock/patched
     fixes: dict[str, list[str]] = field(default_factory=dict)
+    series: dict[str, str] = field(default_factory=dict)  # release -> the series serving it
     seconds: float = 0.0
 
     @property
@@ -122,9 +123,10 @@ def diagnose(directory: Path, versions: list[str] | None = None, platform: str =
     for version in versions or list(pins):
         diagnosis.verdicts[version] = {
             "stock": stock_verdict(diagnosis, version),
-            "patched": patched_verdict(diagnosis, version, pins[version].series_name),
+            "patched": patched_verdict(diagnosis, version, pins[version].series_dir),
         }
         diagnosis.fixes[version] = fixes(diagnosis, version)
+        diagnosis.series[version] = pins[version].series_name
     diagnosis.seconds = time.perf_counter() - started
     return diagnosis
 
@@ -229,8 +231,10 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     return None
 
 
-def patched_verdict(diagnosis: Diagnosis, version: str, series: str) -> Verdict:
-    survey = load_survey()
+def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Verdict:
+    """vLLM of this release with the series serving it: that series' own start-up check and draft
+    quantization decision, run on the checkpoint."""
+    survey = series_survey(series_dir)
     checkpoint, declaration = diagnosis.checkpoint, diagnosis.declaration
     if not declaration.known:
         return Verdict(UNKNOWN, declaration.source)
@@ -254,15 +258,16 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series: str) -> Verdict:
         return misplaced
     if checkpoint.quantization is None:
         return _draft_verdict(diagnosis, version, patched=True)
+    # A series that refuses an MTP layer quantized around a BF16 decoder block says so (v0.33.0);
+    # one that builds the two with their own quant configs decides per part (v0.22.1: `block`).
+    refused = getattr(survey, "MixedMtpQuantizationError", ())
+    found = diagnosis.survey  # re-made in the series' module, whose properties its decision reads
+    found = survey.MtpSurvey(**{item.name: getattr(found, item.name) for item in fields(survey.MtpSurvey)})
     try:
-        decision = survey.decide_draft_quantization(diagnosis.survey)
-    except survey.MixedMtpQuantizationError as error:
-        if facts.SPLITS_MIXED_LAYOUT[series]:
-            return Verdict(
-                WORKS, "the MTP layer's own projections and its decoder block get their own quant configs"
-            )
+        decision = survey.decide_draft_quantization(found)
+    except refused as error:
         return Verdict(CRASH, "draft_quant_config 'auto' refuses the mixed layout", str(error))
-    if decision.quant_config == "none":
+    if getattr(decision, "block", None) == "none" or getattr(decision, "quant_config", None) == "none":
         return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
     return _draft_verdict(diagnosis, version, patched=True)
 

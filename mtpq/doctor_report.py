@@ -53,6 +53,7 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
         "platform": diagnosis.platform,
         "releases": {
             version: {
+                "series": diagnosis.series[version],
                 **{flavour: vars(verdict) for flavour, verdict in verdicts.items()},
                 "fix": diagnosis.fixes[version],
             }
@@ -87,7 +88,7 @@ def as_text(diagnosis: Diagnosis) -> str:
     for fmt, names in _by_format(diagnosis.modules()).items():
         lines.append(f"  {fmt}: {len(names)} MTP module(s): {_first(names)}")
     for version, verdicts in diagnosis.verdicts.items():
-        lines.append(f"vLLM {version} ({diagnosis.platform})")
+        lines.append(f"vLLM {version} ({diagnosis.platform}; mtpq series {diagnosis.series[version]})")
         for flavour, label in (("stock", "stock"), ("patched", "+ mtpq")):
             verdict = verdicts[flavour]
             error = f" [error: {verdict.error}]" if verdict.error else ""

@@ -190,12 +190,12 @@ def _link_or_copy(source: Path, target: Path) -> None:
 def _write_tensors(path: Path, source: Checkpoint, names: list[str]) -> int:
     """Write a safetensors file of the named source tensors, copying each one's bytes in pieces:
     memory stays within one piece, whatever the tensors' sizes. Returns the bytes of tensor data."""
-    spans = {}  # name -> (source file, begin, end) of its data
+    spans, wanted = {}, set(names)  # name -> (source file, begin, end) of its data
     for file in sorted({source.tensor_files[name] for name in names}):
         spans |= {
             name: (source.directory / file, *span)
             for name, span in _data_spans(source.directory / file).items()
-            if source.tensor_files.get(name) == file and name in names
+            if source.tensor_files.get(name) == file and name in wanted
         }
     # Largest items first, as safetensors writes them, so every tensor stays aligned to its item size.
     order = sorted(names, key=lambda name: (-_ITEM_BYTES.get(source.tensors[name].dtype, 1), name))

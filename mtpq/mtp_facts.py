@@ -225,6 +225,3 @@ PATCHED_NO_MTP_LAYERS = "speculative method 'mtp' needs MTP layers, but the conf
 PATCHED_PREFIX = "speculative method 'mtp': "
 # Loud loading (v0.22.1 0006, v0.33.0 0004): a draft parameter that received no tensor is an error.
 PATCHED_UNLOADED = "were not initialized from checkpoint"
-# The v0.22.1 series builds an MTP layer's own projections and its decoder block with their own quant
-# configs (0005); the v0.33.0 series builds the draft with one and refuses the mixed layout.
-SPLITS_MIXED_LAYOUT = {"v0.22.1": True, "v0.33.0": False}

@@ -2,8 +2,10 @@
 
 The series adds `vllm/transformers_utils/mtp_checkpoint.py` (safetensors headers, MTP tensor names,
 their on-disk formats, the draft's quantization decision). The doctor and graft run that very file:
-its source is the `+` lines of the new-file patch in the newest series, executed as a module, so
-there is one copy of the logic and the doctor judges a checkpoint exactly as patched vLLM does.
+its source is the `+` lines of the new-file patch, executed as a module, so there is one copy of the
+logic and the doctor judges a checkpoint exactly as patched vLLM does. Reading headers and finding
+MTP tensors is the newest series' module; the draft's quantization decision, which the series differ
+on, is taken from the module of the series serving the release judged (`series_survey`).
 
 It needs neither vLLM (imported there only lazily, for Hub metadata) nor the third-party `regex`
 package, which vLLM's lint requires in place of `re`: its `import regex` is served by the standard
@@ -14,6 +16,7 @@ from __future__ import annotations
 
 import builtins
 import functools
+import hashlib
 import importlib.util
 import re
 import sys
@@ -71,20 +74,30 @@ def _import_with_stdlib_regex(name, *args, **kwargs):
     return re if name == "regex" else builtins.__import__(name, *args, **kwargs)
 
 
-@functools.cache
 def load_survey(patch: Path | None = None) -> ModuleType:
     """The survey module, executed from the patch (the newest series' by default)."""
-    patch = patch or survey_patch()
+    return _load((patch or survey_patch()).resolve())
+
+
+def series_survey(series_dir: Path) -> ModuleType:
+    """The survey module of one series (a series that reuses another's patch gets the same module)."""
+    return load_survey(survey_patch(series_dir))
+
+
+@functools.cache
+def _load(patch: Path) -> ModuleType:
     source = module_source(patch)
-    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(MODULE_NAME, loader=None))
+    # One module per patch file: series differ (their draft quantization decisions do).
+    name = f"{MODULE_NAME}_{hashlib.sha256(str(patch).encode()).hexdigest()[:12]}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     module.__file__ = f"{patch}:{SURVEY_PATH}"
     module.__builtins__ = {**vars(builtins), "__import__": _import_with_stdlib_regex}
     # dataclasses look their class's module up in sys.modules while the module executes.
-    sys.modules[MODULE_NAME] = module
+    sys.modules[name] = module
     try:
         exec(compile(source, module.__file__, "exec"), vars(module))
     except Exception as error:
-        del sys.modules[MODULE_NAME]
+        del sys.modules[name]
         raise SurveyLoadError(
             f"cannot load the MTP survey from {patch}: {type(error).__name__}: {error}"
         ) from None

@@ -27,8 +27,15 @@ from header_checkpoints import (
 
 from mtpq import doctor
 from mtpq.checkpoint import CheckpointError
-from mtpq.pin import newest_pin
-from mtpq.survey import SURVEY_PATH, SurveyLoadError, load_survey, module_source, survey_patch
+from mtpq.pin import load_pins, newest_pin
+from mtpq.survey import (
+    SURVEY_PATH,
+    SurveyLoadError,
+    load_survey,
+    module_source,
+    series_survey,
+    survey_patch,
+)
 
 OLDEST, NEWEST = "0.22.1", "0.33.0"
 
@@ -172,11 +179,15 @@ def test_quantized_glue_around_a_bf16_block_is_built_apart_or_refused_by_series(
     tensors = layout.main("fp8-block") | layout.mtp("bf16") | glue
     write_checkpoint(tmp_path, quantized(layout, DSV3_FP8_CONFIG), {"m.safetensors": tensors})
 
-    found = doctor.diagnose(tmp_path, [OLDEST, NEWEST])
+    found = doctor.diagnose(tmp_path)  # every pinned release, each with the series serving it
 
+    assert found.series == {"0.22.1": "v0.22.1", "0.32.0": "v0.32.0", "0.33.0": "v0.33.0"}
     assert verdict(found, "patched", OLDEST).kind == doctor.WORKS
-    refused = verdict(found, "patched", NEWEST)
-    assert refused.kind == doctor.CRASH and "mtp.0.e_proj, mtp.0.h_proj quantized" in refused.error
+    for version in ("0.32.0", NEWEST):  # v0.32.0 runs v0.33.0's survey patch, the one file
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH and "mtp.0.e_proj, mtp.0.h_proj quantized" in refused.error
+    assert series_survey(load_pins()["0.32.0"].series_dir) is load_survey()
+    assert series_survey(load_pins()[OLDEST].series_dir) is not load_survey()
 
 
 # --- MTP declared, MTP tensors present ---------------------------------------------------------------
@@ -317,10 +328,11 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
 
     assert module_source(survey_patch()) == applied
     assert survey_patch().parent == newest_pin().series_dir == ROOT / "patches" / "v0.33.0"
-    if pin.series_name == newest_pin().series_name:  # this test bed's vLLM carries that very series
-        import vllm.transformers_utils.mtp_checkpoint as installed
+    # The decision for this test bed's release is taken from the series its vLLM carries.
+    import vllm.transformers_utils.mtp_checkpoint as installed
 
-        assert open(installed.__file__).read() == applied
+    assert open(installed.__file__).read() == module_source(survey_patch(pin.series_dir))
+    assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
 
 
 def test_the_survey_runs_without_the_regex_package_and_vllm():
