@@ -116,38 +116,27 @@ def norm(name: str) -> dict[str, tuple[str, list[int]]]:
     return {f"{name}.weight": ("BF16", [IN])}
 
 
+def _one_group(fmt: str, weights: dict, **activations) -> dict:
+    """A compressed-tensors config whose one group targets every Linear."""
+    group = {"targets": ["Linear"], "weights": weights}
+    if activations:
+        group["input_activations"] = activations
+    return {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": group}}
+
+
 COMPRESSED_TENSORS = {
-    "int8": {
-        "quant_method": "compressed-tensors",
-        "format": "int-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
-                "input_activations": {"num_bits": 8, "type": "int", "strategy": "token", "dynamic": True},
-            }
-        },
-    },
-    "w4a16": {
-        "quant_method": "compressed-tensors",
-        "format": "pack-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32},
-            }
-        },
-    },
-    "fp8": {
-        "quant_method": "compressed-tensors",
-        "format": "float-quantized",
-        "config_groups": {
-            "group_0": {
-                "targets": ["Linear"],
-                "weights": {"num_bits": 8, "type": "float", "strategy": "channel"},
-            }
-        },
-    },
+    "int8": _one_group(
+        "int-quantized",
+        {"num_bits": 8, "type": "int", "symmetric": True, "strategy": "channel"},
+        num_bits=8,
+        type="int",
+        strategy="token",
+        dynamic=True,
+    ),
+    "w4a16": _one_group(
+        "pack-quantized", {"num_bits": 4, "type": "int", "strategy": "group", "group_size": 32}
+    ),
+    "fp8": _one_group("float-quantized", {"num_bits": 8, "type": "float", "strategy": "channel"}),
 }
 
 
@@ -244,6 +233,18 @@ def _mimo_mtp(fmt: str) -> dict:
     return found | linear(f"{prefix}.input_proj", fmt, IN, 2 * IN) | _decoder_layer(prefix, fmt)
 
 
+def _dsv4_block(prefix: str, fmt: str) -> dict:
+    """A DeepSeek-V4 block's attention and MoE linears (one routed expert, the shared one)."""
+    tensors = {}
+    for proj in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
+        tensors |= linear(f"{prefix}.attn.{proj}", fmt)
+    for proj in ("w1", "w2", "w3"):
+        tensors |= linear(f"{prefix}.ffn.experts.0.{proj}", fmt) | linear(
+            f"{prefix}.ffn.shared_experts.{proj}", fmt
+        )
+    return tensors
+
+
 def _dsv4_main(fmt: str) -> dict:
     tensors = {
         "embed.weight": ("BF16", [256, IN]),
@@ -251,12 +252,7 @@ def _dsv4_main(fmt: str) -> dict:
         "head.weight": ("BF16", [256, IN]),
     }
     for i in range(2):
-        for proj in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
-            tensors |= linear(f"layers.{i}.attn.{proj}", fmt)
-        for proj in ("w1", "w2", "w3"):
-            tensors |= linear(f"layers.{i}.ffn.experts.0.{proj}", fmt) | linear(
-                f"layers.{i}.ffn.shared_experts.{proj}", fmt
-            )
+        tensors |= _dsv4_block(f"layers.{i}", fmt)
     return tensors
 
 
@@ -265,13 +261,7 @@ def _dsv4_mtp(fmt: str) -> dict:
     tensors |= (
         linear("mtp.0.e_proj", fmt) | linear("mtp.0.h_proj", fmt) | linear("mtp.0.ffn.gate", "bf16", 4, IN)
     )
-    for proj in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b"):
-        tensors |= linear(f"mtp.0.attn.{proj}", fmt)
-    for proj in ("w1", "w2", "w3"):
-        tensors |= linear(f"mtp.0.ffn.experts.0.{proj}", fmt) | linear(
-            f"mtp.0.ffn.shared_experts.{proj}", fmt
-        )
-    return tensors
+    return tensors | _dsv4_block("mtp.0", fmt)
 
 
 def _qwen3_5_main(fmt: str) -> dict:

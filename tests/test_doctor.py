@@ -50,6 +50,13 @@ def quantized(layout, quantization: dict, count: bool = True) -> dict:
     return config
 
 
+def export_without_mtp(directory, layout, fmt: str):
+    """As quantizers save it: no MTP tensor, no MTP count field, nothing ignored."""
+    config = quantized(layout, compressed_tensors(fmt, []), count=False)
+    write_checkpoint(directory, config, {"model.safetensors": layout.main(fmt)})
+    return directory
+
+
 def diagnose(directory, version=OLDEST, platform="cuda") -> doctor.Diagnosis:
     return doctor.diagnose(directory, [version], platform)
 
@@ -196,14 +203,7 @@ def test_quantized_glue_around_a_bf16_block_is_built_apart_or_refused_by_series(
 def test_a_release_without_its_mtp_config_field_and_tensors_has_mtp_silently_off(tmp_path):
     """Seed 000: a Qwen3.5 FP8 release without model_mtp.safetensors and without text_config's
     mtp_num_hidden_layers; its config class sets no default, so vLLM sees no MTP layer."""
-    layout = LAYOUTS["qwen3_5"]
-    write_checkpoint(
-        tmp_path,
-        quantized(layout, compressed_tensors("fp8", []), count=False),
-        {"model.safetensors": layout.main("fp8")},
-    )
-
-    found = diagnose(tmp_path)
+    found = diagnose(export_without_mtp(tmp_path, LAYOUTS["qwen3_5"], "fp8"))
 
     assert found.declaration.count is None and "mtp_num_hidden_layers" in found.declaration.source
     stock, patched = verdict(found, "stock"), verdict(found, "patched")
@@ -229,14 +229,7 @@ def test_a_config_that_counts_zero_mtp_layers_divides_by_zero_on_stock_vllm(tmp_
 
 def test_a_missing_count_field_takes_the_config_class_default(tmp_path):
     """GLM-4.5's config class counts 1 MTP layer when config.json is silent; nothing holds its tensors."""
-    layout = LAYOUTS["glm4_moe"]
-    write_checkpoint(
-        tmp_path,
-        quantized(layout, compressed_tensors("int8", []), count=False),
-        {"m.safetensors": layout.main("int8")},
-    )
-
-    found = diagnose(tmp_path)
+    found = diagnose(export_without_mtp(tmp_path, LAYOUTS["glm4_moe"], "int8"))
 
     assert found.declaration.count == 1 and "Glm4MoeConfig defaults it to 1" in found.declaration.source
     assert verdict(found, "stock").kind == doctor.ZERO  # drafts from random weights

@@ -146,20 +146,17 @@ def test_graft_supplies_the_mtp_file_an_index_names_but_the_release_lacks(tmp_pa
     assert read_checkpoint(tmp_path / "new").coverage.complete
 
 
+def graft_for_stock_vllm(layout, quant: Path, tmp_path: Path, version: str):
+    """`graft --stock-vllm VERSION` from the layout's BF16 release into tmp_path/new."""
+    source = bf16_release(layout, tmp_path / "bf16")
+    return run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "new", "--stock-vllm", version)
+
+
 def test_stock_vllm_gets_ignore_entries_under_its_draft_names(tmp_path):
     layout = LAYOUTS["mimo"]
     quant = export(layout, tmp_path / "quant", compressed_tensors("int8", ["lm_head"]))
 
-    done = run_mtpq(
-        "graft",
-        "--mtp-from",
-        bf16_release(layout, tmp_path / "bf16"),
-        quant,
-        "--out",
-        tmp_path / "new",
-        "--stock-vllm",
-        "0.22.1",
-    )
+    done = graft_for_stock_vllm(layout, quant, tmp_path, "0.22.1")
 
     assert done.returncode == 0, done.stderr
     ignore = json.loads((tmp_path / "new" / "config.json").read_text())["quantization_config"]["ignore"]
@@ -190,16 +187,7 @@ def test_where_ignore_entries_cannot_serve_stock_vllm_graft_says_so(tmp_path, na
     layout = LAYOUTS[name]
     quant = export(layout, tmp_path / "quant", quantization)
 
-    done = run_mtpq(
-        "graft",
-        "--mtp-from",
-        bf16_release(layout, tmp_path / "bf16"),
-        quant,
-        "--out",
-        tmp_path / "new",
-        "--stock-vllm",
-        "0.22.1",
-    )
+    done = graft_for_stock_vllm(layout, quant, tmp_path, "0.22.1")
 
     assert done.returncode == 1
     assert "stock vLLM 0.22.1 cannot serve its MTP: " in done.stdout and reason in done.stdout
