@@ -86,6 +86,12 @@ class Diagnosis:
             {layout_of(prefix, self.checkpoint.num_hidden_layers) for prefix in self.survey.prefixes}
         )
 
+    def mtp_files(self) -> list[str]:
+        """The files holding the counted MTP modules' tensors (packed formats have no `weight`)."""
+        modules = self.modules()
+        files = self.checkpoint.tensor_files
+        return sorted({file for name, file in files.items() if name.rpartition(".")[0] in modules})
+
     def modules(self) -> dict[str, str]:
         """Every counted MTP module -> its on-disk format."""
         if self.survey is None:

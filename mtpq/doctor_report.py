@@ -29,7 +29,7 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
         "mtp_tensors": {
             "layouts": diagnosis.layouts(),
             "expected_layout": diagnosis.architecture and diagnosis.architecture.layout,
-            "files": sorted({checkpoint.tensor_files[f"{m}.weight"] for m in diagnosis.modules()}),
+            "files": diagnosis.mtp_files(),
             "modules": diagnosis.modules(),
             "missing": diagnosis.missing_mtp,
         },
@@ -113,7 +113,10 @@ def _tensors(diagnosis: Diagnosis) -> str:
         return "none"
     found = []
     if modules := diagnosis.modules():
-        files = sorted({checkpoint.tensor_files[f"{module}.weight"] for module in modules})
+        # Every file holding a tensor of theirs: packed formats have no `weight`.
+        files = sorted(
+            {file for name, file in checkpoint.tensor_files.items() if name.rpartition(".")[0] in modules}
+        )
         found.append(f"{len(modules)} modules under {', '.join(diagnosis.layouts())} in {', '.join(files)}")
         expected = diagnosis.architecture and diagnosis.architecture.layout
         if expected and diagnosis.layouts() != [expected]:

@@ -102,6 +102,20 @@ def linear(module: str, fmt: str, out: int = OUT, inp: int = IN) -> dict[str, tu
             f"{module}.weight_scale": ("BF16", [out, inp // 32]),
             f"{module}.weight_shape": ("I32", [2]),
         }
+    if fmt == "ct-nvfp4":  # compressed-tensors nvfp4-pack-quantized
+        return {
+            f"{module}.weight_packed": ("U8", [out, inp // 2]),
+            f"{module}.weight_scale": ("F8_E4M3", [out, inp // 16]),
+            f"{module}.weight_global_scale": ("F32", [1]),
+        }
+    if fmt in ("gptq", "awq"):  # 4-bit, groups of 32: GPTQ packs along the input, AWQ the output
+        packed = [inp // 8, out] if fmt == "gptq" else [inp, out // 8]
+        found = {
+            f"{module}.qweight": ("I32", packed),
+            f"{module}.qzeros": ("I32", [inp // 32, out // 8]),
+            f"{module}.scales": ("F16", [inp // 32, out]),
+        }
+        return found | ({f"{module}.g_idx": ("I32", [inp])} if fmt == "gptq" else {})
     if fmt == "nvfp4":  # ModelOpt NVFP4
         return {
             f"{module}.weight": ("U8", [out, inp // 2]),

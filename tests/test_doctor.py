@@ -180,6 +180,41 @@ def test_a_quantized_mtp_layer_works_as_stock_vllm_builds_it(tmp_path):
     assert verdict(found, "stock").kind == verdict(found, "patched").kind == doctor.WORKS
 
 
+# Each MTP module's on-disk format, as the series' survey labels it.
+FORMAT_LABELS = {
+    "bf16": "BF16",
+    "fp8": "FP8 (compressed-tensors/ModelOpt)",
+    "fp8-block": "FP8 block (weight_scale_inv)",
+    "int8": "compressed-tensors INT8",
+    "w4a16": "compressed-tensors pack-quantized",
+    "ct-nvfp4": "compressed-tensors NVFP4",
+    "nvfp4": "ModelOpt NVFP4",
+    "gptq": "GPTQ/AWQ",
+    "awq": "GPTQ/AWQ",
+}
+
+
+def test_each_mtp_module_is_reported_in_its_on_disk_format(tmp_path):
+    layout = LAYOUTS["mimo"]
+    names = [f"model.mtp_layers.0.{proj}" for proj in ("input_proj", "mlp.down_proj", "mlp.gate_proj")]
+    names += [f"model.mtp_layers.0.self_attn.{proj}" for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += ["model.mtp_layers.0.mlp.up_proj", "model.mtp_layers.0.extra_proj"]
+    tensors = layout.tensors("int8")
+    formats = dict(zip(names, FORMAT_LABELS, strict=True))
+    for name, fmt in formats.items():
+        tensors = {key: value for key, value in tensors.items() if not key.startswith(f"{name}.")}
+        tensors |= linear(name, fmt)
+    config = quantized(layout, compressed_tensors("int8", ["lm_head"]))
+    write_checkpoint(tmp_path, config, {"model.safetensors": tensors})
+
+    found = diagnose(tmp_path)
+    report = json.loads(run_mtpq("doctor", tmp_path, "--json").stdout)
+
+    expected = {name: FORMAT_LABELS[fmt] for name, fmt in formats.items()}
+    assert {name: found.modules()[name] for name in names} == expected
+    assert {name: report["mtp_tensors"]["modules"][name] for name in names} == expected
+
+
 def test_quantized_glue_around_a_bf16_block_is_built_apart_or_refused_by_series(tmp_path):
     layout = LAYOUTS["deepseek_v4"]
     glue = linear("mtp.0.e_proj", "fp8-block") | linear("mtp.0.h_proj", "fp8-block")
