@@ -33,14 +33,11 @@ from e2e_cases import (  # noqa: E402
     engine_plan,
     engine_specs,
 )
+from header_checkpoints import DSV3_LAYERS, write_deepseek_v3_shaped  # noqa: E402
 from probing import run_probe  # noqa: E402
 from run import ensure_unpatched_vllm, targets  # noqa: E402
 
 from mtpq.installed import find_installation, installed_version  # noqa: E402
-
-# A DeepSeek-V3-shaped checkpoint (61 decoder layers + 1 MTP layer, 256 FP8 block-scaled experts a
-# layer, one shard a layer) whose tensor data is a sparse hole: only its headers are real.
-DSV3_LAYERS, DSV3_EXPERTS, DSV3_HIDDEN, DSV3_EXPERT_DIM = 61, 256, 7168, 2048
 
 
 def probe(variant: str, batch: dict) -> dict[str, dict]:
@@ -104,60 +101,6 @@ def startup_table(scratch: Path, runs: int) -> None:
         print(f"  {variant:10} median {statistics.median(times):5.1f}  runs {times}", flush=True)
 
 
-def write_sparse_dsv3_checkpoint(out: Path) -> None:
-    """Headers as DeepSeek-V3's FP8 release lays them out; data left as holes (no disk used)."""
-    weight_map = {}
-    for layer in range(DSV3_LAYERS + 1):
-        prefix = f"model.layers.{layer}"
-        shapes = {f"{prefix}.self_attn.{name}": shape for name, shape in _attention_shapes().items()}
-        for expert in range(DSV3_EXPERTS):
-            for name, shape in _expert_shapes().items():
-                shapes[f"{prefix}.mlp.experts.{expert}.{name}"] = shape
-        if layer == DSV3_LAYERS:
-            shapes |= {f"{prefix}.eh_proj.weight": ("BF16", [DSV3_HIDDEN, 2 * DSV3_HIDDEN])}
-        file = f"model-{layer:05d}.safetensors"
-        _write_header_only(out / file, shapes)
-        weight_map.update(dict.fromkeys(shapes, file))
-    (out / "model.safetensors.index.json").write_text(json.dumps({"weight_map": weight_map}))
-
-
-def _attention_shapes() -> dict:
-    return {
-        "q_a_proj.weight": ("F8_E4M3", [1536, DSV3_HIDDEN]),
-        "q_a_proj.weight_scale_inv": ("F32", [12, 56]),
-        "kv_a_proj_with_mqa.weight": ("F8_E4M3", [576, DSV3_HIDDEN]),
-        "kv_a_proj_with_mqa.weight_scale_inv": ("F32", [5, 56]),
-        "o_proj.weight": ("F8_E4M3", [DSV3_HIDDEN, 16384]),
-        "o_proj.weight_scale_inv": ("F32", [56, 128]),
-    }
-
-
-def _expert_shapes() -> dict:
-    return {
-        "gate_proj.weight": ("F8_E4M3", [DSV3_EXPERT_DIM, DSV3_HIDDEN]),
-        "gate_proj.weight_scale_inv": ("F32", [16, 56]),
-        "up_proj.weight": ("F8_E4M3", [DSV3_EXPERT_DIM, DSV3_HIDDEN]),
-        "up_proj.weight_scale_inv": ("F32", [16, 56]),
-        "down_proj.weight": ("F8_E4M3", [DSV3_HIDDEN, DSV3_EXPERT_DIM]),
-        "down_proj.weight_scale_inv": ("F32", [56, 16]),
-    }
-
-
-_DTYPE_BYTES = {"F8_E4M3": 1, "BF16": 2, "F32": 4}
-
-
-def _write_header_only(path: Path, shapes: dict) -> None:
-    entries, offset = {}, 0
-    for name, (dtype, shape) in shapes.items():
-        size = _DTYPE_BYTES[dtype] * shape[0] * shape[1]
-        entries[name] = {"dtype": dtype, "shape": shape, "data_offsets": [offset, offset + size]}
-        offset += size
-    header = json.dumps(entries).encode()
-    with open(path, "wb") as file:
-        file.write(len(header).to_bytes(8, "little") + header)
-        file.truncate(8 + len(header) + offset)
-
-
 def detector_table(scratch: Path) -> None:
     from vllm.transformers_utils import mtp_checkpoint
 
@@ -167,8 +110,7 @@ def detector_table(scratch: Path) -> None:
         ("DeepSeek-V3-shaped FP8, sparse", scratch / "dsv3", DSV3_LAYERS),
     ]
     checkpoints.make_checkpoint(checkpoints.MIMO, rows[0][1], "int8_w8a8")
-    rows[1][1].mkdir()
-    write_sparse_dsv3_checkpoint(rows[1][1])
+    write_deepseek_v3_shaped(rows[1][1], shards_per_layer=1)
     for label, directory, num_hidden_layers in rows:
         survey = mtp_checkpoint.survey_mtp_checkpoint(directory, num_hidden_layers, 1)
         share = 100 * survey.bytes_read / survey.checkpoint_bytes

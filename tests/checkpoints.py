@@ -69,6 +69,8 @@ MOE_INTERMEDIATE_SIZE = HIDDEN_SIZE
 GLM_PARTIAL_ROTARY_FACTOR = 0.5
 
 SUCCESSOR_FILE = "mtpq_successor.json"
+# Every engineered architecture declares its MTP layers under this config.json field.
+MTP_LAYER_COUNT_FIELD = "num_nextn_predict_layers"
 
 # Every embedding carries this constant in coordinate 0 and has RMS 1; the
 # MTP MLP gate reads it as a stand-in for the bias the MLPs lack.
@@ -171,6 +173,9 @@ class Architecture:
     @property
     def name(self) -> str:
         return self.hf_config["model_type"]
+
+    def is_mtp_tensor(self, name: str) -> bool:
+        return name.startswith(f"{self.mtp_prefix}.")
 
     def layer_prefix(self, layer: int) -> str:
         return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"model.layers.{layer}"
@@ -389,6 +394,7 @@ def make_checkpoint(
     *,
     ignore_style: str = "names",
     quantize_mtp: bool = False,
+    drop_mtp: bool = False,
     seed: int = 0,
 ) -> Path:
     """Write an engineered tiny checkpoint with one MTP layer.
@@ -402,7 +408,11 @@ def make_checkpoint(
     that never saw it writes (transformers' Glm4MoeForCausalLM, for one,
     has no decoder layer num_hidden_layers).  quantize_mtp: quantize the MTP
     block's attention and dense MLP Linears too, like the main layers (a
-    checkpoint whose MTP block was quantized on purpose).
+    checkpoint whose MTP block was quantized on purpose).  drop_mtp: write it
+    the way quantizers that load the model through a class without MTP modules
+    do (llm-compressor, ModelOpt): no MTP tensor and no MTP layer count in
+    config.json (with ignore_style="unlisted": only ``lm_head`` and the BF16
+    routed experts are listed).
     """
     if quant not in QUANT_FORMATS:
         raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
@@ -410,6 +420,8 @@ def make_checkpoint(
         raise ValueError(f"ignore_style must be one of {IGNORE_STYLES}")
     if quantize_mtp and (quant == "bf16" or ignore_style != "unlisted"):
         raise ValueError('quantize_mtp needs a quantized format and ignore_style="unlisted"')
+    if drop_mtp and (quant == "bf16" or ignore_style != "unlisted" or quantize_mtp):
+        raise ValueError('drop_mtp needs a quantized format and ignore_style="unlisted"')
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -424,6 +436,9 @@ def make_checkpoint(
             tensors, modules, quant, architecture.ignore_list(ignore_style)
         )
 
+    if drop_mtp:
+        tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
+        del config[MTP_LAYER_COUNT_FIELD]
     save_file(
         {name: value.contiguous() for name, value in tensors.items()},
         out / "model.safetensors",

@@ -33,6 +33,33 @@ class Case:
         return self.stock[target] if isinstance(self.stock, dict) else self.stock
 
 
+# What quantizers that load the model through a class without MTP modules write: no MTP tensor, no MTP
+# layer count in config.json, `ignore` naming only what they left BF16 on purpose. MiMo and Step-3.5's
+# config classes then count 0 MTP layers, GLM-4.5's counts 1 (and the draft has no tensors).
+QUANTIZER_EXPORTS = [
+    Case("mimo", "int8_w8a8", "integer modulo by zero", {"ignore_style": "unlisted", "drop_mtp": True}),
+    Case(
+        "glm4_moe",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted", "drop_mtp": True},
+    ),
+    Case("step3p5", "int8_w8a8", "integer modulo by zero", {"ignore_style": "unlisted", "drop_mtp": True}),
+]
+STEP3P5_STRICT_LOADER = "are not in the checkpoint and will falsely use random initialization"
+# Those exports after `python -m mtpq graft --mtp-from <BF16 release>`: a BF16 MTP layer the ignore list
+# does not name; with graft "for-stock" (--stock-vllm <target>) also ignore entries under the draft's
+# names in that stock release, which serve MiMo and GLM; Step-3.5's stock loader refuses any
+# compressed-tensors checkpoint (graft says so).
+GRAFTED = [
+    Case(export.arch, export.quant, stock, {**export.options, "graft": graft})
+    for graft, results in (
+        ("plain", ("acceptance 0.0", QUANTIZER_EXPORTS[1].stock, STEP3P5_STRICT_LOADER)),
+        ("for-stock", ("acceptance 1.0", "acceptance 1.0", STEP3P5_STRICT_LOADER)),
+    )
+    for export, stock in zip(QUANTIZER_EXPORTS, results, strict=True)
+]
+
 # GLM builds its draft under the checkpoint's own names (model.layers.N.*), so an `ignore` list that
 # names the MTP layer already works there; it breaks when the quantizer never listed that layer.
 # Stock Step-3.5 loads no compressed-tensors MTP draft at all: its strict loader wants the KV-cache
@@ -68,9 +95,10 @@ CASES = [
     Case(
         "step3p5",
         "int8_w8a8",
-        "are not in the checkpoint and will falsely use random initialization",
+        STEP3P5_STRICT_LOADER,
         {"ignore_style": "unlisted"},
     ),
+    *GRAFTED,
 ]
 # Where draft_quant_config's explicit choices are checked.
 CHOICE_CASES = [CASES[0]]
@@ -114,7 +142,7 @@ def baseline(arch: str) -> Case:
 def engine_plan(newest_target: bool) -> list[EngineRun]:
     """Every engine run the end-to-end suite checks, for one test-bed target."""
     runs = [EngineRun("patched", baseline(arch), {}) for arch in ARCHITECTURES]
-    for case in [*CASES, QUANTIZED_MTP]:
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]

@@ -11,7 +11,16 @@ from __future__ import annotations
 
 import pytest
 from checkpoints import default_prompts, expected_continuation, load_successor
-from e2e_cases import ARCHITECTURES, CASES, CHOICE_CASES, QUANTIZED_MTP, Case, EngineRun, baseline
+from e2e_cases import (
+    ARCHITECTURES,
+    CASES,
+    CHOICE_CASES,
+    QUANTIZED_MTP,
+    QUANTIZER_EXPORTS,
+    Case,
+    EngineRun,
+    baseline,
+)
 
 # What an unquantized draft's modules report; "torch.nn.Linear" is a plain torch Linear (some
 # drafters' eh_proj), which never takes a quant method.
@@ -58,7 +67,7 @@ def test_bf16_checkpoint_accepts_every_draft(engine_run, engineered_checkpoint, 
     )
 
 
-@pytest.mark.parametrize("case", CASES, ids=Case.name)
+@pytest.mark.parametrize("case", [*CASES, *QUANTIZER_EXPORTS], ids=Case.name)
 def test_unpatched_vllm_shows_the_stock_result(engine_run, pin, case):
     report = engine_run(EngineRun("unpatched", case, {}))
     expected = case.stock_result(pin.version)

@@ -1,0 +1,96 @@
+"""Command line of `python -m mtpq`: doctor and graft."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mtpq import doctor_report, mtp_facts
+from mtpq.checkpoint import CheckpointError
+from mtpq.doctor import diagnose
+from mtpq.graft import GraftError, graft
+from mtpq.pin import PinError, load_pins, pin_for
+from mtpq.survey import SurveyLoadError
+
+EXIT_BAD_INPUT = 2
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m mtpq", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    doctor = commands.add_parser(
+        "doctor",
+        help="tell a checkpoint's MTP fate on stock vLLM and with the series, from headers only",
+        description=(
+            "Read a checkpoint's config files and safetensors headers (never tensor data) and tell what "
+            "vLLM does with its MTP layers: works, crash, silent 0 %% acceptance or MTP silently off, "
+            "on stock vLLM and on vLLM with the mtpq series, and the fix. Exit code: 0 works, 1 broken, "
+            "3 unknown, 2 bad input."
+        ),
+    )
+    doctor.add_argument("checkpoint", type=Path, help="a local checkpoint directory")
+    doctor.add_argument("--vllm", metavar="VERSION", help="one pinned vLLM release (default: every one)")
+    doctor.add_argument(
+        "--platform",
+        choices=mtp_facts.PLATFORMS,
+        default="cuda",
+        help="where vLLM runs: some draft MoE schemes have no kernel on some platforms (%(default)s)",
+    )
+    doctor.add_argument(
+        "--with-series",
+        action="store_true",
+        help="exit code by vLLM with the mtpq series (default: by stock vLLM)",
+    )
+    doctor.add_argument("--json", action="store_true", help="one JSON object instead of text")
+    grafting = commands.add_parser(
+        "graft",
+        help="add a BF16 release's MTP tensors and config fields to a quantized checkpoint",
+        description=(
+            "Write NEW_CKPT: QUANT_CKPT (hard-linked where unchanged) plus the MTP tensors of the BF16 "
+            "release (copied tensor by tensor into model_mtp.safetensors), an index mapping every tensor, "
+            "and the MTP config fields. Inputs are never modified; NEW_CKPT appears only complete."
+        ),
+    )
+    grafting.add_argument("--mtp-from", type=Path, required=True, metavar="BF16_CKPT")
+    grafting.add_argument("quantized", type=Path, metavar="QUANT_CKPT")
+    grafting.add_argument("--out", type=Path, required=True, metavar="NEW_CKPT")
+    grafting.add_argument(
+        "--stock-vllm",
+        metavar="VERSION",
+        help="also add ignore entries under the MTP draft's names in that stock vLLM release, where "
+        "that alone makes it work (exit 1 where it cannot; the checkpoint is still written)",
+    )
+    grafting.add_argument("--force", action="store_true", help="replace NEW_CKPT if it exists")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "doctor":
+            return _doctor(args)
+        return _graft(args)
+    except (CheckpointError, GraftError, SurveyLoadError, PinError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    versions = [pin_for(args.vllm).version] if args.vllm else list(load_pins())
+    diagnosis = diagnose(args.checkpoint, versions, args.platform)
+    flavour = "patched" if args.with_series else "stock"
+    if args.json:
+        print(json.dumps(doctor_report.as_json(diagnosis, flavour), indent=2))
+    else:
+        print(doctor_report.as_text(diagnosis))
+    return doctor_report.exit_code(diagnosis, flavour)
+
+
+def _graft(args: argparse.Namespace) -> int:
+    stock_vllm = pin_for(args.stock_vllm).version if args.stock_vllm else None
+    result = graft(args.mtp_from, args.quantized, args.out, stock_vllm=stock_vllm, force=args.force)
+    for line in result.lines:
+        print(line)
+    return 0 if result.stock_ok is not False else 1

@@ -1,0 +1,492 @@
+"""`python -m mtpq doctor CKPT`: a checkpoint's MTP fate on stock vLLM and on vLLM with the series,
+told from config files and safetensors headers before any GPU is rented.
+
+The survey of the MTP tensors is the series' own (mtpq/survey.py); what each vLLM release builds
+from them is mtp_facts.py's. The rules combining the two are here: stock_verdict and patched_verdict.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from mtpq import mtp_facts as facts
+from mtpq.checkpoint import Checkpoint, read_checkpoint, text_config_of
+from mtpq.pin import load_pins
+from mtpq.survey import load_survey, series_survey
+
+WORKS = "works"
+OFF = "MTP silently off"
+ZERO = "silent 0 % acceptance"
+CRASH = "crash"
+UNKNOWN = "unknown"
+
+# Linears vLLM fuses: a shard's runtime layer and every shard it is matched through.
+_FUSED = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+    ("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
+)
+_EXPERT = re.compile(r"^(?P<experts>.*\.experts)\.\d+\.\w+$")
+# vLLM's compressed-tensors MoE method decides a whole expert layer from expert 0's projections.
+_EXPERT_SHARDS = ("0.gate_proj", "0.up_proj", "0.down_proj")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: str  # WORKS, OFF, ZERO, CRASH or UNKNOWN
+    why: str
+    error: str | None = None  # words of the error vLLM raises (with OFF: when "mtp" is asked for)
+
+
+@dataclass(frozen=True)
+class Declaration:
+    count: int | None  # MTP layers vLLM sees (0 when the config says 0); None: no count at all
+    known: bool  # False: config.json lacks the field and its default is not known here
+    source: str
+    field: str | None = None  # the count field, for the fix
+    nested: bool = False  # in text_config
+
+
+@dataclass(frozen=True)
+class DraftModule:
+    """An MTP module of the checkpoint, as one release's stock draft builds it."""
+
+    name: str  # checkpoint name
+    stored: str  # the survey's format label, or the weight's dtype
+    runtime: str | None  # the prefix its quantization config sees; None: not established
+    built: str  # "quantized", "unquantized", "mixed" (its fused shards disagree) or "unknown"
+    note: str = ""
+
+
+@dataclass
+class Diagnosis:
+    checkpoint: Checkpoint
+    architecture: facts.MtpArchitecture | None
+    declaration: Declaration
+    survey: object | None  # the survey's MtpSurvey of the MTP tensors present; None: none present
+    missing_mtp: dict[str, list[str]]  # file the index names but the directory lacks -> its MTP tensors
+    platform: str
+    verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)  # release -> stock/patched
+    fixes: dict[str, list[str]] = field(default_factory=dict)
+    series: dict[str, str] = field(default_factory=dict)  # release -> the series serving it
+    seconds: float = 0.0
+
+    @property
+    def tensors_missing(self) -> bool:
+        return self.survey is None or bool(self.missing_mtp)
+
+    def layouts(self) -> list[str]:
+        """Where the checkpoint keeps its MTP layers, as MtpArchitecture.layout writes it."""
+        if self.survey is None:
+            return []
+        return sorted(
+            {layout_of(prefix, self.checkpoint.num_hidden_layers) for prefix in self.survey.prefixes}
+        )
+
+    def mtp_files(self) -> list[str]:
+        """The files holding the counted MTP modules' tensors (packed formats have no `weight`)."""
+        modules = self.modules()
+        files = self.checkpoint.tensor_files
+        return sorted({file for name, file in files.items() if name.rpartition(".")[0] in modules})
+
+    def modules(self) -> dict[str, str]:
+        """Every counted MTP module -> its on-disk format."""
+        if self.survey is None:
+            return {}
+        stored = {name: self.checkpoint.tensors[f"{name}.weight"].dtype for name in self.survey.unquantized}
+        return dict(sorted({**stored, **self.survey.quantized}.items()))
+
+
+def diagnose(directory: Path, versions: list[str] | None = None, platform: str = "cuda") -> Diagnosis:
+    started = time.perf_counter()
+    survey = load_survey()
+    checkpoint = read_checkpoint(Path(directory))
+    architecture = facts.architecture_of(checkpoint.config)
+    declaration = declared_mtp_layers(checkpoint.config, architecture)
+    layers = checkpoint.num_hidden_layers
+    missing = {
+        file: mtp
+        for file, names in checkpoint.coverage.missing_files.items()
+        if (mtp := [name for name in names if survey.is_mtp_tensor(name, layers)])
+    }
+    try:
+        found = survey.survey_mtp_tensors(
+            checkpoint.tensors,
+            layers,
+            declaration.count or 0,
+            files=checkpoint.header_files,
+            bytes_read=checkpoint.header_bytes,
+            checkpoint_bytes=checkpoint.checkpoint_bytes,
+            where=str(checkpoint.directory),
+        )
+    except survey.MtpTensorsMissingError:
+        found = None
+    diagnosis = Diagnosis(checkpoint, architecture, declaration, found, missing, platform)
+    pins = load_pins()
+    for version in versions or list(pins):
+        diagnosis.verdicts[version] = {
+            "stock": stock_verdict(diagnosis, version),
+            "patched": patched_verdict(diagnosis, version, pins[version].series_dir),
+        }
+        diagnosis.fixes[version] = fixes(diagnosis, version)
+        diagnosis.series[version] = pins[version].series_name
+    diagnosis.seconds = time.perf_counter() - started
+    return diagnosis
+
+
+def layout_of(prefix: str, num_hidden_layers: int) -> str:
+    """model.mtp_layers.0 -> model.mtp_layers.{i}.; model.layers.61 -> model.layers.{N+i}.; mtp -> mtp."""
+    head, _, index = prefix.rpartition(".")
+    if not index.isdecimal():
+        return f"{prefix}."
+    after_decoder = head.rpartition(".")[2] == "layers" and int(index) >= num_hidden_layers
+    return f"{head}.{{N+i}}." if after_decoder else f"{head}.{{i}}."
+
+
+def declared_mtp_layers(config: dict, architecture: facts.MtpArchitecture | None) -> Declaration:
+    """How many MTP layers vLLM sees: the field in config.json (top level, then text_config), else
+    the default of the config class vLLM builds."""
+    if architecture and architecture.count_field is None:
+        return Declaration(1, True, f"{architecture.name}: vLLM fixes the MTP layer count")
+    fields = (
+        [architecture.count_field] if architecture else ["num_nextn_predict_layers", "mtp_num_hidden_layers"]
+    )
+    for nested, holder in ((False, config), (True, text_config_of(config))):
+        for name in fields:
+            if name in holder:
+                value = holder[name]
+                where = f"config.json {'text_config.' if nested else ''}{name} = {value!r}"
+                return Declaration(value if type(value) is int else None, True, where, name, nested)
+    wanted = " or ".join(fields)
+    if architecture is None or architecture.count_source is None:
+        return Declaration(None, False, f"config.json has no {wanted}, and its default is not known here")
+    default = architecture.missing_count
+    return Declaration(
+        default,
+        True,
+        f"config.json has no {wanted}; {architecture.count_source} "
+        + ("sets none" if default is None else f"defaults it to {default}"),
+        architecture.count_field,
+        "text_config" in config,
+    )
+
+
+# --- the verdicts -----------------------------------------------------------------------------------
+
+
+def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
+    declaration, architecture = diagnosis.declaration, diagnosis.architecture
+    if not declaration.known:
+        return Verdict(UNKNOWN, declaration.source)
+    if not declaration.count:
+        # speculative.py divides by a count of 0; with no count at all, what happens is not known here.
+        error = facts.STOCK_ZERO_MTP_LAYERS if declaration.count == 0 else None
+        return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", error)
+    if architecture is None:
+        return Verdict(UNKNOWN, f"vLLM's MTP draft for {diagnosis.checkpoint.architecture} is not known here")
+    if diagnosis.tensors_missing:
+        return _stock_without_tensors(diagnosis, version)
+    return _misplaced_layers(diagnosis) or _draft_verdict(diagnosis, version, patched=False)
+
+
+def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
+    expected = diagnosis.architecture and diagnosis.architecture.layout
+    if expected and diagnosis.layouts() != [expected]:
+        found = ", ".join(diagnosis.layouts())
+        return Verdict(
+            UNKNOWN, f"MTP tensors under {found}; vLLM's {diagnosis.architecture.name} draft loads {expected}"
+        )
+    return None
+
+
+def _stock_without_tensors(diagnosis: Diagnosis, version: str) -> Verdict:
+    architecture, what = diagnosis.architecture, _missing_tensors(diagnosis)
+    loader = facts.since(version, architecture.stock_missing_tensors)
+    if loader is None:
+        return Verdict(UNKNOWN, f"{what}; what {architecture.name}'s MTP loader then does is not known here")
+    if loader != facts.RANDOM_WEIGHTS:
+        why = f"{what}; {architecture.name}'s MTP loader wants every draft parameter"
+        return Verdict(CRASH, why, loader)
+    random = Verdict(ZERO, f"{what}; the draft's weights are random")
+    return _experts_without_kernel(diagnosis, version) or random
+
+
+def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | None:
+    """The draft's routed experts, which the checkpoint's scheme quantizes, on a platform without an
+    MoE kernel for that scheme: building the draft fails, whatever its tensors."""
+    architecture, checkpoint = diagnosis.architecture, diagnosis.checkpoint
+    if architecture.draft_experts is None or checkpoint.quantization is None:
+        return None
+    experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
+    shards = [f"{experts}.{shard}" for shard in _EXPERT_SHARDS]
+    if (
+        _ignored(checkpoint, shards) is not False
+        or (scheme := _targeting_group(checkpoint, shards[0])) is None
+    ):
+        return None
+    _, fmt = facts.quantization_format(checkpoint.quantization, scheme)
+    if error := facts.moe_kernel_missing(diagnosis.platform, fmt, version):
+        return Verdict(
+            CRASH,
+            f"the draft's {experts} is built {fmt}, which {diagnosis.platform} has no MoE kernel for",
+            error,
+        )
+    return None
+
+
+def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Verdict:
+    """vLLM of this release with the series serving it: that series' own start-up check and draft
+    quantization decision, run on the checkpoint."""
+    survey = series_survey(series_dir)
+    checkpoint, declaration = diagnosis.checkpoint, diagnosis.declaration
+    if not declaration.known:
+        return Verdict(UNKNOWN, declaration.source)
+    if not declaration.count:
+        refusal = facts.PATCHED_NO_MTP_LAYERS.format(model=checkpoint.directory)
+        return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", refusal)
+    if diagnosis.architecture is None:
+        return Verdict(UNKNOWN, f"vLLM's MTP draft for {checkpoint.architecture} is not known here")
+    if diagnosis.tensors_missing:
+        # The series' own start-up check, on the same survey: its words are the refusal's.
+        try:
+            survey.survey_mtp_checkpoint(
+                checkpoint.directory, checkpoint.num_hidden_layers, declaration.count
+            )
+        except (survey.MtpTensorsMissingError, survey.CheckpointHeaderError) as error:
+            return Verdict(
+                CRASH, f"start-up refuses: {_missing_tensors(diagnosis)}", facts.PATCHED_PREFIX + str(error)
+            )
+        return Verdict(UNKNOWN, f"{_missing_tensors(diagnosis)}, yet the series' start-up check finds them")
+    if misplaced := _misplaced_layers(diagnosis):
+        return misplaced
+    if checkpoint.quantization is None:
+        return _draft_verdict(diagnosis, version, patched=True)
+    # A series that refuses an MTP layer quantized around a BF16 decoder block says so (v0.33.0);
+    # one that builds the two with their own quant configs decides per part (v0.22.1: `block`).
+    refused = getattr(survey, "MixedMtpQuantizationError", ())
+    found = diagnosis.survey  # re-made in the series' module, whose properties its decision reads
+    found = survey.MtpSurvey(**{item.name: getattr(found, item.name) for item in fields(survey.MtpSurvey)})
+    try:
+        decision = survey.decide_draft_quantization(found)
+    except refused as error:
+        return Verdict(CRASH, "draft_quant_config 'auto' refuses the mixed layout", str(error))
+    if getattr(decision, "block", None) == "none" or getattr(decision, "quant_config", None) == "none":
+        return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
+    return _draft_verdict(diagnosis, version, patched=True)
+
+
+def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict:
+    """The draft built with the checkpoint's quantization config: stock vLLM always builds it so, the
+    series when the MTP tensors are quantized ('inherit'). Crashes come in the order vLLM meets them:
+    building the draft, loading its tensors, checking what loaded."""
+    checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
+    if checkpoint.quantization is None:
+        if diagnosis.survey.quantized:
+            return Verdict(UNKNOWN, "quantized MTP tensors, no quantization config")
+        return Verdict(WORKS, "nothing is quantized")
+    modules = draft_modules(diagnosis, version)
+    if unknown := [module for module in modules if module.built == "unknown"]:
+        return Verdict(UNKNOWN, f"{unknown[0].name}: {unknown[0].note}")
+    label = scheme_label(checkpoint.quantization)
+    crashes: list[Verdict] = []
+    if mixed := [module.runtime for module in modules if module.built == "mixed"]:
+        crashes.append(
+            Verdict(
+                CRASH,
+                f"the ignore entries cover only some shards of {_first(mixed)}",
+                "different quantization schemes",
+            )
+        )
+    casts, misfits, kernel_gaps = [], [], {}
+    for module in modules:
+        if module.built != "quantized" or module.stored not in facts.FLOAT_DTYPES:
+            continue
+        layer = runtime_layer(module.runtime)
+        method, fmt = facts.quantization_format(
+            checkpoint.quantization, _targeting_group(checkpoint, _shards(module.runtime)[0])
+        )
+        if _EXPERT.match(module.runtime) and (
+            gap := facts.moe_kernel_missing(diagnosis.platform, fmt, version)
+        ):
+            kernel_gaps[layer] = Verdict(
+                CRASH, f"the draft's {layer} is built {fmt}: no {diagnosis.platform} MoE kernel", gap
+            )
+        consequence = facts.BF16_INTO_QUANTIZED_DRAFT.get((method, fmt))
+        if consequence is None:
+            return Verdict(
+                UNKNOWN,
+                f"what a {method} {fmt or ''} draft does with the BF16 {module.name} is not known here",
+            )
+        (casts if consequence == facts.CAST else misfits).append(layer)
+    crashes[:0] = kernel_gaps.values()
+    if misfits:
+        crashes.append(
+            Verdict(CRASH, f"the draft builds {_first(misfits)} {label}: the BF16 tensors do not fit")
+        )
+    refusals = {} if patched else facts.since(version, architecture.stock_loader_refuses) or {}
+    if refusal := refusals.get(checkpoint.quantization.get("quant_method")):
+        crashes.append(
+            Verdict(CRASH, f"{architecture.name}'s MTP loader refuses {label} checkpoints", refusal)
+        )
+    if casts and patched:
+        why = f"loud loading: {_first(casts)} built {label} get no scales from the BF16 tensors"
+        crashes.append(Verdict(CRASH, why, facts.PATCHED_UNLOADED))
+    if crashes:
+        known = [crash.error for crash in crashes if crash.error]
+        return Verdict(CRASH, "; ".join(crash.why for crash in crashes), known[0] if known else None)
+    if casts:
+        return Verdict(
+            ZERO, f"the draft builds {_first(casts)} {label}: BF16 weights are cast in, scales never load"
+        )
+    return Verdict(WORKS, "every draft module is built as its tensors are stored")
+
+
+def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
+    """The checkpoint's MTP modules as the stock draft of a release builds them."""
+    checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
+    naming = architecture.draft_name(version) if architecture else None
+    _, entries = checkpoint.ignore_entries()
+    compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
+    modules = []
+    for name, stored in diagnosis.modules().items():
+        if architecture and name.rpartition(".")[2] in architecture.plain_linears:
+            modules.append(DraftModule(name, stored, None, "unquantized", "a torch.nn.Linear"))
+            continue
+        if naming is None:
+            note = f"how vLLM {version}'s draft builds it is not known here"
+            modules.append(DraftModule(name, stored, None, "unknown", note))
+            continue
+        runtime = naming(name, checkpoint.num_hidden_layers)
+        if not compressed_tensors and entries:
+            note = (
+                f"matching {checkpoint.quantization.get('quant_method')} entries to the draft is not modelled"
+            )
+            modules.append(DraftModule(name, stored, runtime, "unknown", note))
+        elif not compressed_tensors:
+            modules.append(DraftModule(name, stored, runtime, "quantized"))
+        else:
+            ignored = _ignored(checkpoint, _shards(runtime))
+            if ignored is None:
+                modules.append(DraftModule(name, stored, runtime, "mixed"))
+            else:
+                targeted = not ignored and _targeting_group(checkpoint, _shards(runtime)[0]) is not None
+                modules.append(DraftModule(name, stored, runtime, "quantized" if targeted else "unquantized"))
+    return modules
+
+
+# --- compressed-tensors' matching, as vLLM does it ---------------------------------------------------
+
+
+def runtime_layer(runtime: str) -> str:
+    """The layer vLLM builds a checkpoint module into: its fused linear, or its expert layer."""
+    if expert := _EXPERT.match(runtime):
+        return expert["experts"]
+    parent, _, leaf = runtime.rpartition(".")
+    return next((f"{parent}.{fused}" for fused, shards in _FUSED if leaf in shards), runtime)
+
+
+def _shards(runtime: str) -> list[str]:
+    """The names vLLM matches a runtime module through: every shard of its fused layer."""
+    if expert := _EXPERT.match(runtime):
+        return [f"{expert['experts']}.{shard}" for shard in _EXPERT_SHARDS]
+    parent, _, leaf = runtime.rpartition(".")
+    for _, shards in _FUSED:
+        if leaf in shards:
+            return [f"{parent}.{shard}" for shard in shards]
+    return [runtime]
+
+
+def _matches(name: str, entry: str) -> bool:
+    return bool(re.match(entry[3:], name)) if entry.startswith("re:") else entry == name
+
+
+def _ignored(checkpoint: Checkpoint, shards: list[str]) -> bool | None:
+    """Whether `ignore` covers the module's shards: all, none, or None for some (vLLM refuses that)."""
+    _, entries = checkpoint.ignore_entries()
+    found = {any(_matches(shard, entry) for entry in entries) for shard in shards}
+    return found.pop() if len(found) == 1 else None
+
+
+def _targeting_group(checkpoint: Checkpoint, name: str) -> dict | None:
+    """The config group whose targets take the module: its name, a regex, or the class name "Linear"
+    (every linear, and the fused experts vLLM adds for it)."""
+    for group in (checkpoint.quantization.get("config_groups") or {}).values():
+        targets = group.get("targets") or []
+        if "Linear" in targets or any(_matches(name, target) for target in targets):
+            return group
+    return None
+
+
+def scheme_label(quantization: dict) -> str:
+    method, fmt = facts.quantization_format(quantization)
+    return f"{method} {fmt}" if fmt else str(method)
+
+
+# --- fixes ------------------------------------------------------------------------------------------
+
+
+def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
+    stock, patched = diagnosis.verdicts[version]["stock"], diagnosis.verdicts[version]["patched"]
+    if stock.kind == WORKS:
+        return []
+    declaration = diagnosis.declaration
+    if (
+        diagnosis.survey is not None
+        and not diagnosis.missing_mtp
+        and not declaration.count
+        and declaration.field
+    ):
+        where = "text_config" if declaration.nested else "config.json"
+        return [f"declare the MTP layers: {declaration.field}: {len(diagnosis.survey.prefixes)} in {where}"]
+    if diagnosis.tensors_missing or not declaration.count:
+        return ["graft --mtp-from <the BF16 release>: adds its MTP tensors and config fields"]
+    found = []
+    if patched.kind == WORKS:
+        found.append(
+            f"vLLM {version} with the mtpq series (apply.py --installed or --wheel, or the images): "
+            "draft_quant_config 'auto' (the default)"
+        )
+        entries, _ = stock_ignore_entries(diagnosis, version)
+        if entries:
+            found.append(
+                f"for stock vLLM {version}: add {len(entries)} ignore entries under the names its draft "
+                f"builds: {_first(entries)}"
+            )
+    return found
+
+
+def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str], str]:
+    """The compressed-tensors ignore entries that keep stock vLLM's draft of this release unquantized
+    where the checkpoint is BF16, or ([], why that alone cannot make stock vLLM work)."""
+    checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
+    quantization = checkpoint.quantization or {}
+    if quantization.get("quant_method") != "compressed-tensors":
+        return [], f"only compressed-tensors ignore lists are written, not {scheme_label(quantization)}"
+    if architecture is None or architecture.draft_name(version) is None:
+        return [], f"the names vLLM {version}'s draft builds its modules under are not known here"
+    refusals = facts.since(version, architecture.stock_loader_refuses) or {}
+    if "compressed-tensors" in refusals:
+        loader = f"stock vLLM {version}'s {architecture.name} MTP loader"
+        return [], f"{loader} refuses every compressed-tensors checkpoint"
+    modules = draft_modules(diagnosis, version)
+    entries = [m.runtime for m in modules if m.built != "unquantized" and m.stored in facts.FLOAT_DTYPES]
+    main_modules = {name.rpartition(".")[0] for name in checkpoint.tensors}
+    if clash := [entry for entry in entries if entry in main_modules and entry not in diagnosis.modules()]:
+        return [], f"{clash[0]} is also a module of the main model: ignoring it would unquantize that"
+    return entries, ""
+
+
+def _missing_tensors(diagnosis: Diagnosis) -> str:
+    if diagnosis.missing_mtp:
+        file, names = next(iter(diagnosis.missing_mtp.items()))
+        return f"the index maps {len(names)} MTP tensors (e.g. {names[0]}) to {file}, which is missing"
+    return "the checkpoint holds no MTP tensor"
+
+
+def _first(names, limit: int = 3) -> str:
+    names = list(dict.fromkeys(names))
+    more = f" (+{len(names) - limit} more)" if len(names) > limit else ""
+    return ", ".join(names[:limit]) + more

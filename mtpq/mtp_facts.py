@@ -1,0 +1,227 @@
+"""What the doctor knows about vLLM releases, in one table-driven place.
+
+Each fact was read from the vLLM sources of the pinned releases (the sdists VLLM_VERSIONS names) or
+measured on the CPU engine; tests/test_e2e_doctor.py checks the doctor's predictions against what
+the engine does on every checkpoint of the end-to-end suite. A fact that is not here is not guessed:
+the doctor says "unknown".
+
+Release-dependent facts are keyed by the first pinned release they hold for (`since`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from mtpq.pin import version_key
+
+
+def since(version: str, table: dict[str, object]) -> object:
+    """The value of the newest key <= version in {first release: value}; None before the first."""
+    applicable = [key for key in table if version_key(key) <= version_key(version)]
+    return table[max(applicable, key=version_key)] if applicable else None
+
+
+# --- Draft runtime names ----------------------------------------------------------------------------
+# A quantization config's per-module entries (compressed-tensors `ignore`, ModelOpt `exclude_modules`)
+# are matched against the prefix each draft linear is *built* with, which need not be the name its
+# tensor has in the checkpoint. Each function maps a checkpoint module name to that prefix.
+
+
+def _checkpoint_names(module: str, num_hidden_layers: int) -> str:
+    """DeepSeek-V3 / GLM-4.5 MTP layers reuse the decoder layer under its checkpoint name."""
+    return module
+
+
+def _mimo_names(module: str, num_hidden_layers: int) -> str:
+    """MiMoMultiTokenPredictor builds MTP layer i as `model.layers.{N+i}` (mimo_mtp.py)."""
+    index, _, rest = module.removeprefix("model.mtp_layers.").partition(".")
+    return f"model.layers.{num_hidden_layers + int(index)}.{rest}"
+
+
+def _step3p5_names(module: str, num_hidden_layers: int) -> str:
+    """Step3p5AMultiTokenPredictorLayer builds its decoder block under `model.layers.{N+i}.mtp_block`."""
+    model, layers, index, rest = module.split(".", 3)
+    return f"{model}.{layers}.{index}.mtp_block.{rest}"
+
+
+@dataclass(frozen=True)
+class MtpArchitecture:
+    """An architecture vLLM can build an MTP draft for, and what decides that draft."""
+
+    name: str
+    architectures: tuple[str, ...] = ()  # config.json architectures[0]
+    model_types: tuple[str, ...] = ()  # or config.json model_type
+    # The config field that counts the MTP layers (top level, else text_config); None: fixed count.
+    count_field: str | None = "num_nextn_predict_layers"
+    # What vLLM's config class gives when config.json lacks the field, and which class says so;
+    # count_source None: not established.
+    missing_count: int | None = None
+    count_source: str | None = None
+    layout: str | None = None  # where the checkpoint keeps MTP layer i ({N+i}: after N decoder layers)
+    # Checkpoint module -> the prefix the draft builds it with, per release; absent: not established.
+    draft_names: dict[str, Callable[[str, int], str]] = field(default_factory=dict)
+    plain_linears: tuple[str, ...] = ()  # built as torch.nn.Linear: no quantization config reaches them
+    # The draft's routed experts, known without tensors ({layer}: num_hidden_layers + i).
+    draft_experts: str | None = None
+    # Stock release -> error words of a draft loader that refuses, per quant_method (fixed by the series).
+    stock_loader_refuses: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Stock release -> what its draft loader does when the config declares MTP layers without tensors:
+    # RANDOM_WEIGHTS (it starts) or the error it raises.
+    stock_missing_tensors: dict[str, str] = field(default_factory=dict)
+
+    def draft_name(self, version: str) -> Callable[[str, int], str] | None:
+        return since(version, self.draft_names)
+
+
+RANDOM_WEIGHTS = "starts with random draft weights"
+_STEP3P5_STRICT_LOADER = "are not in the checkpoint and will falsely use random initialization"
+
+ARCHITECTURES = (
+    MtpArchitecture(
+        "MiMo",
+        architectures=("MiMoForCausalLM",),
+        missing_count=0,
+        count_source="MiMo's configuration_mimo.py",
+        layout="model.mtp_layers.{i}.",
+        draft_names={"0.22.1": _mimo_names},
+        plain_linears=("input_proj",),
+        stock_missing_tensors={"0.22.1": RANDOM_WEIGHTS},
+    ),
+    MtpArchitecture(
+        "GLM-4.5 MoE",
+        architectures=("Glm4MoeForCausalLM",),
+        missing_count=1,
+        count_source="transformers' Glm4MoeConfig",
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+        stock_missing_tensors={"0.22.1": RANDOM_WEIGHTS},
+    ),
+    MtpArchitecture(
+        "Step-3.5",
+        architectures=("Step3p5ForCausalLM", "Step3p7ForConditionalGeneration"),
+        model_types=("step3p5", "step3p7"),
+        missing_count=0,
+        count_source="vLLM's Step3p5Config",
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _step3p5_names},
+        plain_linears=("eh_proj",),
+        # Step3p5MTP.load_weights wants every draft parameter but one-element KV-cache scales that
+        # do not require grad; compressed-tensors' KV-cache scales do (and it adds zero points).
+        stock_loader_refuses={"0.22.1": {"compressed-tensors": _STEP3P5_STRICT_LOADER}},
+        stock_missing_tensors={"0.22.1": _STEP3P5_STRICT_LOADER},
+    ),
+    MtpArchitecture(
+        "DeepSeek-V3",
+        model_types=("deepseek_v3", "deepseek_v32", "glm_moe_dsa"),
+        missing_count=1,
+        count_source="transformers' DeepseekV3Config",
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
+    # Its draft's runtime names differ from the checkpoint's `mtp.{i}.` (the weights mapper renames
+    # them, the draft builds `model.layers.{N+i}`); the series re-keys the ignore entries.
+    MtpArchitecture(
+        "DeepSeek-V4",
+        model_types=("deepseek_v4",),
+        missing_count=1,
+        count_source="transformers' DeepseekV4Config",
+        layout="mtp.{i}.",
+    ),
+    MtpArchitecture(
+        "Qwen3.5",
+        model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
+        count_field="mtp_num_hidden_layers",
+        missing_count=None,
+        count_source="transformers' Qwen3_5Config",
+        layout="mtp.",
+        draft_names={"0.22.1": _checkpoint_names},
+    ),
+    MtpArchitecture("Qwen3-Next", model_types=("qwen3_next",), layout="mtp."),
+    MtpArchitecture("InternS2", model_types=("intern_s2_preview",), count_field="mtp_num_hidden_layers"),
+    MtpArchitecture("GLM-4.5 Lite", architectures=("Glm4MoeLiteForCausalLM",)),
+    MtpArchitecture("GLM-OCR", architectures=("GlmOcrForConditionalGeneration",)),
+    MtpArchitecture("ERNIE-4.5 MoE", model_types=("ernie4_5_moe",)),
+    MtpArchitecture(
+        "Nemotron-H",
+        model_types=("nemotron_h", "nemotron_h_puzzle"),
+        missing_count=0,
+        count_source="transformers' NemotronHConfig",
+    ),
+    MtpArchitecture("EXAONE MoE", model_types=("exaone_moe", "exaone4_5")),
+    MtpArchitecture("LongCat-Flash", model_types=("longcat_flash",)),
+    MtpArchitecture("Pangu Ultra MoE", model_types=("pangu_ultra_moe",)),
+    MtpArchitecture("Hunyuan V3", model_types=("hy_v3",)),
+    MtpArchitecture(
+        "MiMo-V2",
+        architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
+        count_field=None,
+    ),
+)
+
+
+def architecture_of(config: dict) -> MtpArchitecture | None:
+    architecture, model_type = config["architectures"][0], config.get("model_type")
+    for entry in ARCHITECTURES:
+        if architecture in entry.architectures or model_type in entry.model_types:
+            return entry
+    return None
+
+
+# --- Quantization formats ---------------------------------------------------------------------------
+# What a draft linear built with a quantization scheme does with the BF16 `weight` tensor the
+# checkpoint holds for it, from each scheme's create_weights:
+FLOAT_DTYPES = ("BF16", "F16", "F32")
+CAST = "cast"  # a `weight` parameter of the same shape: the BF16 values are cast, the scales never load
+MISNAMED = "misnamed"  # the draft wants other tensors (`weight_packed`, `qweight`): loading it fails
+RESHAPED = "reshaped"  # a packed `weight` of another shape: the loader's shape assertion fails
+
+BF16_INTO_QUANTIZED_DRAFT = {
+    ("compressed-tensors", "int-quantized"): CAST,
+    ("compressed-tensors", "float-quantized"): CAST,
+    ("compressed-tensors", "naive-quantized"): CAST,
+    ("compressed-tensors", "pack-quantized"): MISNAMED,
+    ("compressed-tensors", "nvfp4-pack-quantized"): MISNAMED,
+    ("fp8", None): CAST,
+    ("modelopt", "FP8"): CAST,
+    ("modelopt", "NVFP4"): RESHAPED,
+}
+
+
+def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple[str, str | None]:
+    """(quant_method, format) as BF16_INTO_QUANTIZED_DRAFT keys it."""
+    method = quantization.get("quant_method")
+    if method == "compressed-tensors":
+        return method, (scheme or {}).get("format") or quantization.get("format")
+    if method == "modelopt":
+        return method, quantization.get("quant_algo")
+    return method, None
+
+
+# --- Platforms --------------------------------------------------------------------------------------
+PLATFORMS = ("cuda", "cpu")
+# Draft MoE layers built with a scheme the platform has no MoE kernel for fail when built, before any
+# tensor loads: (platform, compressed-tensors format) -> first release -> the error.
+MOE_KERNEL_MISSING = {
+    ("cpu", "int-quantized"): {"0.22.1": "No Int8 MoE backend supports the deployment configuration"},
+    ("cpu", "pack-quantized"): {"0.32.0": "No WNA16 MoE backend supports the deployment configuration"},
+}
+
+
+def moe_kernel_missing(platform: str, format: str | None, version: str) -> str | None:
+    return since(version, MOE_KERNEL_MISSING.get((platform, format), {}))
+
+
+# --- Start-up checks --------------------------------------------------------------------------------
+# speculative.py checks num_speculative_tokens % n_predict: a declared count of 0 divides by zero.
+STOCK_ZERO_MTP_LAYERS = "integer modulo by zero"
+# Both series refuse "mtp" without MTP layers (v0.22.1 0007, v0.33.0 0005) with this message.
+PATCHED_NO_MTP_LAYERS = "speculative method 'mtp' needs MTP layers, but the config of {model} declares none"
+# ... and with MTP layers but no tensors, prefixed to the survey's MtpTensorsMissingError.
+PATCHED_PREFIX = "speculative method 'mtp': "
+# Loud loading (v0.22.1 0006, v0.33.0 0004): a draft parameter that received no tensor is an error.
+PATCHED_UNLOADED = "were not initialized from checkpoint"

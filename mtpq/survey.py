@@ -1,0 +1,104 @@
+"""The MTP header survey patched vLLM runs, loaded out of the patch that adds it.
+
+The series adds `vllm/transformers_utils/mtp_checkpoint.py` (safetensors headers, MTP tensor names,
+their on-disk formats, the draft's quantization decision). The doctor and graft run that very file:
+its source is the `+` lines of the new-file patch, executed as a module, so there is one copy of the
+logic and the doctor judges a checkpoint exactly as patched vLLM does. Reading headers and finding
+MTP tensors is the newest series' module; the draft's quantization decision, which the series differ
+on, is taken from the module of the series serving the release judged (`series_survey`).
+
+It needs neither vLLM (imported there only lazily, for Hub metadata) nor the third-party `regex`
+package, which vLLM's lint requires in place of `re`: its `import regex` is served by the standard
+library's `re`, which accepts the module's patterns.
+"""
+
+from __future__ import annotations
+
+import builtins
+import functools
+import hashlib
+import importlib.util
+import re
+import sys
+from pathlib import Path
+from types import ModuleType
+
+from mtpq.pin import newest_pin
+from mtpq.series import SeriesError, load_series
+
+SURVEY_PATH = "vllm/transformers_utils/mtp_checkpoint.py"
+MODULE_NAME = "mtpq._vllm_mtp_checkpoint"
+_NEW_FILE_HUNK = re.compile(r"^@@ -0,0 \+1(?:,(\d+))? @@", re.MULTILINE)
+_NO_NEWLINE = "\\ No newline at end of file"
+
+
+class SurveyLoadError(ValueError):
+    """The patch holding the survey is missing or damaged."""
+
+
+def survey_patch(series_dir: Path | None = None) -> Path:
+    """The patch of the (newest) series that adds the survey module."""
+    directory = series_dir or newest_pin().series_dir
+    try:
+        series = load_series(directory)
+    except SeriesError as error:
+        raise SurveyLoadError(f"cannot load the MTP survey: {error}") from None
+    adding = [patch.path for patch in series.patches if SURVEY_PATH in patch.files]
+    if not adding:
+        raise SurveyLoadError(f"cannot load the MTP survey: no patch in {directory} adds {SURVEY_PATH}")
+    return adding[0]
+
+
+def module_source(patch: Path) -> str:
+    """The file a new-file patch creates: its hunk's `+` lines, checked against the hunk's length."""
+    where = f"cannot load the MTP survey from {patch}"
+    try:
+        text = patch.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SurveyLoadError(f"{where}: {error}") from None
+    diff_header = f"diff --git a/{SURVEY_PATH} b/{SURVEY_PATH}\nnew file mode"
+    start = text.find(diff_header)
+    hunk = _NEW_FILE_HUNK.search(text, start) if start >= 0 else None
+    if hunk is None:
+        raise SurveyLoadError(f"{where}: no new-file hunk for {SURVEY_PATH}")
+    length = int(hunk[1] or 1)
+    lines = text[hunk.end() :].split("\n")[1:]
+    body = lines[:length]
+    if len(body) < length or not all(line.startswith("+") for line in body):
+        raise SurveyLoadError(f"{where}: the hunk promises {length} added lines and holds fewer")
+    source = "\n".join(line[1:] for line in body)
+    return source if lines[length : length + 1] == [_NO_NEWLINE] else source + "\n"
+
+
+def _import_with_stdlib_regex(name, *args, **kwargs):
+    return re if name == "regex" else builtins.__import__(name, *args, **kwargs)
+
+
+def load_survey(patch: Path | None = None) -> ModuleType:
+    """The survey module, executed from the patch (the newest series' by default)."""
+    return _load((patch or survey_patch()).resolve())
+
+
+def series_survey(series_dir: Path) -> ModuleType:
+    """The survey module of one series (a series that reuses another's patch gets the same module)."""
+    return load_survey(survey_patch(series_dir))
+
+
+@functools.cache
+def _load(patch: Path) -> ModuleType:
+    source = module_source(patch)
+    # One module per patch file: series differ (their draft quantization decisions do).
+    name = f"{MODULE_NAME}_{hashlib.sha256(str(patch).encode()).hexdigest()[:12]}"
+    module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
+    module.__file__ = f"{patch}:{SURVEY_PATH}"
+    module.__builtins__ = {**vars(builtins), "__import__": _import_with_stdlib_regex}
+    # dataclasses look their class's module up in sys.modules while the module executes.
+    sys.modules[name] = module
+    try:
+        exec(compile(source, module.__file__, "exec"), vars(module))
+    except Exception as error:
+        del sys.modules[name]
+        raise SurveyLoadError(
+            f"cannot load the MTP survey from {patch}: {type(error).__name__}: {error}"
+        ) from None
+    return module

@@ -1,0 +1,494 @@
+"""`python -m mtpq doctor` on real checkpoint layouts described by headers alone (header_checkpoints.py):
+what it reads, what it finds, what it predicts for stock vLLM and for vLLM with the series, and how it
+refuses bad input. Its predictions meet the real engine in test_e2e_doctor.py.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+from conftest import ROOT, run_mtpq
+from header_checkpoints import (
+    DSV3_FP8_CONFIG,
+    INDEX_FILE,
+    LAYOUTS,
+    compressed_tensors,
+    header_bytes,
+    linear,
+    write_checkpoint,
+    write_deepseek_v3_shaped,
+    write_safetensors,
+)
+
+from mtpq import doctor
+from mtpq.checkpoint import CheckpointError
+from mtpq.pin import load_pins, newest_pin
+from mtpq.survey import (
+    SURVEY_PATH,
+    SurveyLoadError,
+    load_survey,
+    module_source,
+    series_survey,
+    survey_patch,
+)
+
+OLDEST, NEWEST = "0.22.1", "0.33.0"
+
+
+def quantized(layout, quantization: dict, count: bool = True) -> dict:
+    """The layout's config with a quantization_config (beside its MTP count, which count=False drops)."""
+    config = json.loads(json.dumps(layout.config))
+    holder = layout.count_holder(config)
+    holder["quantization_config"] = quantization
+    if not count:
+        del holder["mtp_num_hidden_layers" if layout.nested else "num_nextn_predict_layers"]
+    return config
+
+
+def export_without_mtp(directory, layout, fmt: str):
+    """As quantizers save it: no MTP tensor, no MTP count field, nothing ignored."""
+    config = quantized(layout, compressed_tensors(fmt, []), count=False)
+    write_checkpoint(directory, config, {"model.safetensors": layout.main(fmt)})
+    return directory
+
+
+def diagnose(directory, version=OLDEST, platform="cuda") -> doctor.Diagnosis:
+    return doctor.diagnose(directory, [version], platform)
+
+
+def verdict(diagnosis, flavour, version=OLDEST) -> doctor.Verdict:
+    return diagnosis.verdicts[version][flavour]
+
+
+# --- what it finds ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_each_real_layout_is_found_and_a_bf16_mtp_layer_works_with_the_series(tmp_path, name):
+    layout = LAYOUTS[name]
+    config = quantized(layout, compressed_tensors("int8", ["lm_head"]))
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("int8")})
+
+    found = diagnose(tmp_path)
+
+    assert found.declaration.count == 1 and layout.count_source in found.declaration.source
+    assert found.layouts() == [layout.mtp_layout]
+    assert found.modules() and set(found.modules().values()) == {"BF16"}
+    assert verdict(found, "patched").kind == doctor.WORKS
+    assert "draft unquantized" in verdict(found, "patched").why
+
+
+# Stock vLLM on a compressed-tensors INT8 checkpoint whose BF16 MTP layer `ignore` does not name.
+STOCK_UNLISTED = {
+    "mimo": doctor.ZERO,
+    "glm4_moe": doctor.ZERO,
+    "deepseek_v3": doctor.ZERO,
+    "qwen3_5": doctor.ZERO,
+    "step3p5": doctor.CRASH,  # its MTP loader refuses compressed-tensors' KV-cache parameters
+    "deepseek_v4": doctor.UNKNOWN,  # the draft's runtime names are not established
+}
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_stock_vllm_builds_an_unlisted_bf16_mtp_layer_with_the_checkpoint_scheme(tmp_path, name):
+    layout = LAYOUTS[name]
+    write_checkpoint(
+        tmp_path, quantized(layout, compressed_tensors("int8", [])), {"m.safetensors": layout.tensors("int8")}
+    )
+
+    assert verdict(diagnose(tmp_path), "stock").kind == STOCK_UNLISTED[name]
+
+
+def test_ignore_entries_match_the_draft_names_not_the_checkpoint_names(tmp_path):
+    """MiMo's draft builds model.mtp_layers.0.* as model.layers.2.*; GLM-4.5's keeps the checkpoint's."""
+    for name, expected in (("mimo", doctor.ZERO), ("glm4_moe", doctor.WORKS)):
+        layout, directory = LAYOUTS[name], tmp_path / name
+        mtp_modules = sorted({tensor.rpartition(".")[0] for tensor in layout.mtp("bf16")})
+        config = quantized(layout, compressed_tensors("int8", ["lm_head", *mtp_modules]))
+        write_checkpoint(directory, config, {"model.safetensors": layout.tensors("int8")})
+        assert verdict(diagnose(directory), "stock").kind == expected, name
+
+
+def test_ignoring_some_shards_of_a_fused_linear_is_a_crash(tmp_path):
+    layout = LAYOUTS["glm4_moe"]
+    config = quantized(layout, compressed_tensors("int8", ["model.layers.2.self_attn.q_proj"]))
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("int8")})
+
+    found = verdict(diagnose(tmp_path), "stock")
+
+    assert found.kind == doctor.CRASH and found.error == "different quantization schemes"
+
+
+@pytest.mark.parametrize(
+    ("quantization", "extra_files", "expected"),
+    [
+        (
+            compressed_tensors("w4a16", []),
+            {},
+            doctor.CRASH,
+        ),  # weight_packed wanted: BF16 `weight` fits nothing
+        (compressed_tensors("fp8", []), {}, doctor.ZERO),  # float8 `weight`: cast, scales never load
+        (DSV3_FP8_CONFIG, {}, doctor.ZERO),
+        (None, {"hf_quant_config.json": {"quantization": {"quant_algo": "NVFP4"}}}, doctor.CRASH),
+        ({"quant_method": "gptq", "bits": 4}, {}, doctor.UNKNOWN),  # vLLM finds BF16 modules itself there
+    ],
+    ids=["compressed-tensors-w4a16", "compressed-tensors-fp8", "fp8-block", "modelopt-nvfp4", "gptq"],
+)
+def test_what_a_bf16_tensor_does_in_a_quantized_draft_depends_on_the_format(
+    tmp_path, quantization, extra_files, expected
+):
+    layout = LAYOUTS["mimo"]
+    config = quantized(layout, quantization) if quantization else layout.config
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("bf16")})
+    for file, content in extra_files.items():
+        (tmp_path / file).write_text(json.dumps(content))
+
+    assert verdict(diagnose(tmp_path), "stock").kind == expected
+
+
+def test_the_platform_decides_a_quantized_draft_moe_without_a_kernel(tmp_path):
+    layout = LAYOUTS["glm4_moe"]
+    write_checkpoint(
+        tmp_path, quantized(layout, compressed_tensors("int8", [])), {"m.safetensors": layout.tensors("int8")}
+    )
+
+    on_cpu = verdict(diagnose(tmp_path, platform="cpu"), "stock")
+
+    assert verdict(diagnose(tmp_path), "stock").kind == doctor.ZERO
+    assert (
+        on_cpu.kind == doctor.CRASH
+        and on_cpu.error == "No Int8 MoE backend supports the deployment configuration"
+    )
+
+
+def test_a_quantized_mtp_layer_works_as_stock_vllm_builds_it(tmp_path):
+    layout = LAYOUTS["deepseek_v3"]
+    write_checkpoint(
+        tmp_path,
+        quantized(layout, DSV3_FP8_CONFIG),
+        {"m.safetensors": layout.tensors("fp8-block", "fp8-block")},
+    )
+
+    found = diagnose(tmp_path)
+
+    assert set(found.modules().values()) - {"BF16"} == {"FP8 block (weight_scale_inv)"}  # eh_proj stays BF16
+    assert verdict(found, "stock").kind == verdict(found, "patched").kind == doctor.WORKS
+
+
+# Each MTP module's on-disk format, as the series' survey labels it.
+FORMAT_LABELS = {
+    "bf16": "BF16",
+    "fp8": "FP8 (compressed-tensors/ModelOpt)",
+    "fp8-block": "FP8 block (weight_scale_inv)",
+    "int8": "compressed-tensors INT8",
+    "w4a16": "compressed-tensors pack-quantized",
+    "ct-nvfp4": "compressed-tensors NVFP4",
+    "nvfp4": "ModelOpt NVFP4",
+    "gptq": "GPTQ/AWQ",
+    "awq": "GPTQ/AWQ",
+}
+
+
+def test_each_mtp_module_is_reported_in_its_on_disk_format(tmp_path):
+    layout = LAYOUTS["mimo"]
+    names = [f"model.mtp_layers.0.{proj}" for proj in ("input_proj", "mlp.down_proj", "mlp.gate_proj")]
+    names += [f"model.mtp_layers.0.self_attn.{proj}" for proj in ("q_proj", "k_proj", "v_proj", "o_proj")]
+    names += ["model.mtp_layers.0.mlp.up_proj", "model.mtp_layers.0.extra_proj"]
+    tensors = layout.tensors("int8")
+    formats = dict(zip(names, FORMAT_LABELS, strict=True))
+    for name, fmt in formats.items():
+        tensors = {key: value for key, value in tensors.items() if not key.startswith(f"{name}.")}
+        tensors |= linear(name, fmt)
+    config = quantized(layout, compressed_tensors("int8", ["lm_head"]))
+    write_checkpoint(tmp_path, config, {"model.safetensors": tensors})
+
+    found = diagnose(tmp_path)
+    report = json.loads(run_mtpq("doctor", tmp_path, "--json").stdout)
+
+    expected = {name: FORMAT_LABELS[fmt] for name, fmt in formats.items()}
+    assert {name: found.modules()[name] for name in names} == expected
+    assert {name: report["mtp_tensors"]["modules"][name] for name in names} == expected
+
+
+def test_quantized_glue_around_a_bf16_block_is_built_apart_or_refused_by_series(tmp_path):
+    layout = LAYOUTS["deepseek_v4"]
+    glue = linear("mtp.0.e_proj", "fp8-block") | linear("mtp.0.h_proj", "fp8-block")
+    tensors = layout.main("fp8-block") | layout.mtp("bf16") | glue
+    write_checkpoint(tmp_path, quantized(layout, DSV3_FP8_CONFIG), {"m.safetensors": tensors})
+
+    found = doctor.diagnose(tmp_path)  # every pinned release, each with the series serving it
+
+    assert found.series == {"0.22.1": "v0.22.1", "0.32.0": "v0.32.0", "0.33.0": "v0.33.0"}
+    assert verdict(found, "patched", OLDEST).kind == doctor.WORKS
+    for version in ("0.32.0", NEWEST):  # v0.32.0 runs v0.33.0's survey patch, the one file
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH and "mtp.0.e_proj, mtp.0.h_proj quantized" in refused.error
+    assert series_survey(load_pins()["0.32.0"].series_dir) is load_survey()
+    assert series_survey(load_pins()[OLDEST].series_dir) is not load_survey()
+
+
+# --- MTP declared, MTP tensors present ---------------------------------------------------------------
+
+
+def test_a_release_without_its_mtp_config_field_and_tensors_has_mtp_silently_off(tmp_path):
+    """Seed 000: a Qwen3.5 FP8 release without model_mtp.safetensors and without text_config's
+    mtp_num_hidden_layers; its config class sets no default, so vLLM sees no MTP layer."""
+    found = diagnose(export_without_mtp(tmp_path, LAYOUTS["qwen3_5"], "fp8"))
+
+    assert found.declaration.count is None and "mtp_num_hidden_layers" in found.declaration.source
+    stock, patched = verdict(found, "stock"), verdict(found, "patched")
+    assert stock.kind == patched.kind == doctor.OFF
+    assert stock.error is None  # what stock vLLM then does is not known here
+    assert "declares none" in patched.error
+    assert found.fixes[OLDEST] == [
+        "graft --mtp-from <the BF16 release>: adds its MTP tensors and config fields"
+    ]
+
+
+def test_a_config_that_counts_zero_mtp_layers_divides_by_zero_on_stock_vllm(tmp_path):
+    layout = LAYOUTS["mimo"]
+    config = quantized(layout, compressed_tensors("int8", []))
+    config["num_nextn_predict_layers"] = 0
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("int8")})
+
+    found = diagnose(tmp_path)
+
+    assert verdict(found, "stock").error == "integer modulo by zero"
+    assert found.fixes[OLDEST] == ["declare the MTP layers: num_nextn_predict_layers: 1 in config.json"]
+
+
+def test_a_missing_count_field_takes_the_config_class_default(tmp_path):
+    """GLM-4.5's config class counts 1 MTP layer when config.json is silent; nothing holds its tensors."""
+    found = diagnose(export_without_mtp(tmp_path, LAYOUTS["glm4_moe"], "int8"))
+
+    assert found.declaration.count == 1 and "Glm4MoeConfig defaults it to 1" in found.declaration.source
+    assert verdict(found, "stock").kind == doctor.ZERO  # drafts from random weights
+    assert "matches an MTP prefix" in verdict(found, "patched").error
+
+
+def test_an_index_naming_a_missing_mtp_file_is_reported_by_file_and_tensor(tmp_path):
+    layout = LAYOUTS["deepseek_v3"]
+    shards = {"model-1.safetensors": layout.main("fp8-block"), "model_mtp.safetensors": layout.mtp("bf16")}
+    write_checkpoint(tmp_path, quantized(layout, DSV3_FP8_CONFIG), shards)
+    (tmp_path / "model_mtp.safetensors").unlink()
+
+    found = diagnose(tmp_path)
+
+    assert found.checkpoint.coverage.missing_files.keys() == {"model_mtp.safetensors"}
+    assert (
+        verdict(found, "stock").kind == doctor.UNKNOWN
+    )  # DeepSeek's loader without tensors: not established
+    patched = verdict(found, "patched")
+    assert patched.kind == doctor.CRASH and "model_mtp.safetensors" in patched.error
+    assert "model.layers.3." in patched.error
+
+
+def test_index_coverage_finds_every_inconsistency(tmp_path):
+    layout = LAYOUTS["mimo"]
+    tensors = layout.tensors("int8")
+    names = sorted(tensors)
+    shards = {
+        "a.safetensors": {n: tensors[n] for n in names[::2]},
+        "b.safetensors": {n: tensors[n] for n in names[1::2]},
+    }
+    write_checkpoint(tmp_path, quantized(layout, compressed_tensors("int8", [])), shards)
+    index = json.loads((tmp_path / INDEX_FILE).read_text())
+    unmapped, misplaced = names[0], names[1]
+    del index["weight_map"][unmapped]
+    index["weight_map"][misplaced] = "a.safetensors"
+    index["weight_map"]["gone.weight"] = "c.safetensors"
+    index["metadata"]["total_size"] += 1
+    (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+    write_safetensors(tmp_path / "extra.safetensors", {names[2]: tensors[names[2]]})
+    shutil.copy(tmp_path / "extra.safetensors", tmp_path / "unindexed.safetensors")
+    index["weight_map"][names[2]] = "extra.safetensors"
+    (tmp_path / INDEX_FILE).write_text(json.dumps(index))
+
+    coverage = diagnose(tmp_path).checkpoint.coverage
+
+    assert coverage.unmapped == [unmapped] and coverage.misplaced == [misplaced]
+    assert coverage.missing_files == {"c.safetensors": ["gone.weight"]}
+    assert coverage.duplicates == {names[2]: ["a.safetensors", "extra.safetensors"]}
+    assert coverage.unindexed_files == ["unindexed.safetensors"]
+    assert not coverage.complete
+
+
+def test_a_complete_sharded_index_with_its_total_size_is_complete(tmp_path):
+    layout = LAYOUTS["deepseek_v3"]
+    shards = {"model-1.safetensors": layout.main("fp8-block"), "model-2.safetensors": layout.mtp("bf16")}
+    write_checkpoint(tmp_path, quantized(layout, DSV3_FP8_CONFIG), shards)
+
+    assert diagnose(tmp_path).checkpoint.coverage.complete
+
+
+# --- cost ------------------------------------------------------------------------------------------
+
+
+def test_a_deepseek_v3_sized_release_is_judged_from_its_headers_alone(tmp_path):
+    """250 shards of 667 GiB described by headers: the doctor reads those and the config files, once."""
+    write_deepseek_v3_shaped(tmp_path, shards_per_layer=4)
+    files = sorted(tmp_path.glob("*.safetensors"))
+    configs = sum(path.stat().st_size for path in tmp_path.glob("*.json"))
+
+    started = time.perf_counter()
+    done = run_mtpq("doctor", tmp_path, "--json")
+    elapsed = time.perf_counter() - started
+
+    report = json.loads(done.stdout)
+    assert done.returncode == 0 and report["read"]["header_files"] == len(files) == 250
+    assert report["read"]["bytes_read"] == sum(header_bytes(path) for path in files) + configs
+    assert report["read"]["checkpoint_bytes"] == sum(path.stat().st_size for path in files) > 600 * 2**30
+    assert elapsed < 60, elapsed
+
+
+# --- the survey is the series' ---------------------------------------------------------------------
+
+
+def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    subprocess.run(["git", "-C", str(tmp_path), "apply", str(survey_patch())], check=True)
+    applied = (tmp_path / SURVEY_PATH).read_text()
+
+    assert module_source(survey_patch()) == applied
+    assert survey_patch().parent == newest_pin().series_dir == ROOT / "patches" / "v0.33.0"
+    # The decision for this test bed's release is taken from the series its vLLM carries.
+    import vllm.transformers_utils.mtp_checkpoint as installed
+
+    assert open(installed.__file__).read() == module_source(survey_patch(pin.series_dir))
+    assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
+
+
+def test_the_survey_runs_without_the_regex_package_and_vllm():
+    script = "from mtpq.survey import load_survey; load_survey(); import regex"
+    done = subprocess.run([sys.executable, "-S", "-c", script], cwd=ROOT, capture_output=True, text=True)
+
+    assert done.stderr.endswith("ModuleNotFoundError: No module named 'regex'\n")  # the survey loaded
+    assert load_survey().re.__name__ == "re"
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda text: "",
+        lambda text: text.replace("+def survey_mtp_tensors", " def survey_mtp_tensors", 1),
+        lambda text: text.replace("+import json", "+import json(", 1),
+    ],
+    ids=["emptied", "hunk-shorter-than-promised", "syntax-error"],
+)
+def test_a_damaged_survey_patch_is_one_line_error(tmp_path, damage):
+    copy = tmp_path / "project"
+    shutil.copytree(ROOT / "mtpq", copy / "mtpq")
+    shutil.copytree(ROOT / "patches", copy / "patches")
+    shutil.copy(ROOT / "VLLM_VERSIONS", copy)
+    patch = copy / survey_patch().relative_to(ROOT)
+    patch.write_text(damage(patch.read_text()))
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "mtpq", "doctor", str(tmp_path)],
+        cwd=copy,
+        capture_output=True,
+        text=True,
+    )
+
+    assert done.returncode == 2 and done.stdout == ""
+    assert done.stderr.startswith("error: ") and done.stderr.count("\n") == 1, done.stderr
+    with pytest.raises(SurveyLoadError):
+        load_survey(patch)
+
+
+def test_a_missing_survey_patch_is_one_line_error(tmp_path):
+    copy = tmp_path / "project"
+    shutil.copytree(ROOT / "mtpq", copy / "mtpq")
+    shutil.copytree(ROOT / "patches", copy / "patches")
+    shutil.copy(ROOT / "VLLM_VERSIONS", copy)
+    (copy / survey_patch().relative_to(ROOT)).unlink()
+
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "mtpq", "doctor", "x"], cwd=copy, capture_output=True, text=True
+    )
+
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "0001-mtp-checkpoint-header-survey.patch" in done.stderr
+
+
+# --- the command ------------------------------------------------------------------------------------
+
+
+def test_exit_codes_follow_the_judged_vllm(tmp_path):
+    layout = LAYOUTS["mimo"]
+    bf16, broken, unknown = tmp_path / "bf16", tmp_path / "int8", tmp_path / "gptq"
+    write_checkpoint(bf16, layout.config, {"model.safetensors": layout.tensors("bf16")})
+    write_checkpoint(
+        broken,
+        quantized(layout, compressed_tensors("int8", [])),
+        {"model.safetensors": layout.tensors("int8")},
+    )
+    write_checkpoint(
+        unknown, quantized(layout, {"quant_method": "gptq"}), {"model.safetensors": layout.tensors("bf16")}
+    )
+
+    assert run_mtpq("doctor", bf16).returncode == 0
+    assert run_mtpq("doctor", broken).returncode == 1
+    assert run_mtpq("doctor", broken, "--with-series").returncode == 0
+    assert run_mtpq("doctor", unknown, "--vllm", OLDEST).returncode == 3
+
+
+def test_text_and_json_say_the_same(tmp_path):
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path,
+        quantized(layout, compressed_tensors("int8", [])),
+        {"model.safetensors": layout.tensors("int8")},
+    )
+
+    text = run_mtpq("doctor", tmp_path, "--vllm", OLDEST).stdout
+    report = json.loads(run_mtpq("doctor", tmp_path, "--vllm", OLDEST, "--json").stdout)
+
+    stock = report["releases"][OLDEST]["stock"]
+    assert f"stock       {stock['kind']}: {stock['why']}" in text
+    assert "model.mtp_layers.{i}." in text and report["mtp_tensors"]["layouts"] == ["model.mtp_layers.{i}."]
+    assert report["read"]["bytes_read"] < report["read"]["checkpoint_bytes"] / 10
+    assert list(report["releases"]) == [OLDEST] and report["exit_code"] == 1
+
+
+@pytest.mark.parametrize(
+    ("make", "words"),
+    [
+        (lambda d: None, "not a checkpoint directory (no such directory)"),
+        (lambda d: d.mkdir(), "not a checkpoint directory (no config.json)"),
+        (lambda d: (d.mkdir(), (d / "config.json").write_text("{")), "unreadable config"),
+        (lambda d: (d.mkdir(), (d / "config.json").write_text('{"model_type": "mimo"}')), "no architectures"),
+        (
+            lambda d: (d.mkdir(), (d / "config.json").write_text('{"architectures": ["MiMoForCausalLM"]}')),
+            "no integer num_hidden_layers",
+        ),
+    ],
+    ids=["missing", "no-config", "config-not-json", "no-architectures", "no-layer-count"],
+)
+def test_bad_input_is_a_one_line_error(tmp_path, make, words):
+    make(tmp_path / "ckpt")
+
+    done = run_mtpq("doctor", tmp_path / "ckpt")
+
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1
+    assert words in done.stderr
+
+
+@pytest.mark.parametrize("cut", [4, 100], ids=["in-the-length", "in-the-header"])
+def test_a_truncated_header_is_a_one_line_error_naming_the_file(tmp_path, cut):
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(tmp_path, layout.config, {"model.safetensors": layout.tensors("bf16")})
+    with open(tmp_path / "model.safetensors", "r+b") as file:
+        file.truncate(cut)
+
+    done = run_mtpq("doctor", tmp_path)
+
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert str(tmp_path / "model.safetensors") in done.stderr
+    with pytest.raises(CheckpointError):
+        doctor.diagnose(tmp_path)

@@ -1,0 +1,116 @@
+"""The doctor's predictions against what the real vLLM CPU engine does, on every checkpoint of the
+end-to-end suite, for stock vLLM and for vLLM with the series, at this session's target.
+
+The engine reports are the suite's own (engine_run): no engine starts here. The doctor runs as a user
+runs it, `python -S -m mtpq doctor CKPT --vllm TARGET --platform cpu --json`.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import run_mtpq
+from e2e_cases import (
+    ARCHITECTURES,
+    CASES,
+    GRAFTED,
+    QUANTIZED_MTP,
+    QUANTIZER_EXPORTS,
+    Case,
+    EngineRun,
+    baseline,
+)
+from test_e2e_mtp_acceptance import cpu_cannot_run
+
+# Stock runs are planned for every case but the BF16 baselines (stock vLLM serves those, untested here).
+CHECKED = [
+    *[(baseline(arch), "patched") for arch in ARCHITECTURES],
+    *[
+        (case, flavour)
+        for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]
+        for flavour in ("stock", "patched")
+    ],
+]
+VARIANT = {"stock": "unpatched", "patched": "patched"}
+
+
+@pytest.fixture(scope="session")
+def doctor(engineered_checkpoint, pin):
+    """`doctor(case)`: the doctor's JSON report on the case's checkpoint, at the target, on CPU."""
+    reports = {}
+
+    def report(case: Case) -> dict:
+        if case.name() not in reports:
+            checkpoint = engineered_checkpoint(case.quant, case.arch, **case.options)
+            done = run_mtpq("doctor", checkpoint, "--vllm", pin.version, "--platform", "cpu", "--json")
+            assert done.returncode in (0, 1), done.stderr
+            reports[case.name()] = json.loads(done.stdout)
+        return reports[case.name()]
+
+    return report
+
+
+def engine_verdict(report: dict) -> str:
+    if "error" in report:
+        return "crash"
+    return {1.0: "works", 0.0: "silent 0 % acceptance"}.get(
+        report["acceptance"], f"acceptance {report['acceptance']}"
+    )
+
+
+@pytest.mark.parametrize(
+    ("case", "flavour"), CHECKED, ids=[f"{case.name()}-{flavour}" for case, flavour in CHECKED]
+)
+def test_the_doctor_predicts_what_the_engine_does(doctor, engine_run, pin, case, flavour):
+    predicted = doctor(case)["releases"][pin.version][flavour]
+    report = engine_run(EngineRun(VARIANT[flavour], case, {}))
+    print(f"\n{case.name()} {flavour}: doctor {predicted['kind']}, engine {engine_verdict(report)}")
+    if (
+        flavour == "patched"
+        and case.quant == "w4a16"
+        and (platform_error := cpu_cannot_run(engine_run, case))
+    ):
+        # Not the draft's doing: this CPU cannot run the target's format at all, MTP or not.
+        assert predicted["kind"] == "works" and report["error"] == platform_error
+        return
+    raised = " ".join([report.get("error", ""), *report.get("logged_exceptions", [])])
+    if predicted["kind"] == "MTP silently off":
+        # Served as it is, nothing drafts; asked for "mtp", vLLM fails as the doctor says.
+        assert predicted["error"] and predicted["error"] in raised, (predicted, raised)
+        return
+    assert engine_verdict(report) == predicted["kind"], (predicted, report.get("error"))
+    if predicted["error"]:
+        assert predicted["error"] in raised
+
+
+@pytest.mark.parametrize("case", QUANTIZER_EXPORTS, ids=Case.name)
+def test_a_quantizer_export_is_diagnosed_with_what_it_lacks(doctor, pin, case):
+    report = doctor(case)
+    verdicts = report["releases"][pin.version]
+    assert (
+        report["mtp_tensors"]["modules"] == {} and "num_nextn_predict_layers" in report["declared"]["source"]
+    )
+    assert any(fix.startswith("graft --mtp-from") for fix in verdicts["fix"])
+    if case.arch == "glm4_moe":  # its config class counts 1 MTP layer: the series names the missing tensors
+        assert verdicts["patched"]["kind"] == "crash" and "no tensor in" in verdicts["patched"]["error"]
+    else:
+        assert report["declared"]["count"] == 0
+        assert verdicts["stock"]["kind"] == verdicts["patched"]["kind"] == "MTP silently off"
+
+
+@pytest.mark.parametrize("case", GRAFTED, ids=Case.name)
+def test_graft_reports_whether_stock_vllm_then_serves_the_mtp(engineered_checkpoint, doctor, pin, case):
+    checkpoint = engineered_checkpoint(case.quant, case.arch, **case.options)
+    graft = engineered_checkpoint.grafts[checkpoint]
+    verdicts = doctor(case)["releases"][pin.version]
+    assert verdicts["patched"]["kind"] == "works"
+    if case.options["graft"] == "plain":
+        assert graft.returncode == 0 and verdicts["stock"]["kind"] != "works"
+    elif case.stock_result(pin.version) == "acceptance 1.0":
+        assert graft.returncode == 0 and f"stock vLLM {pin.version}: " in graft.stdout
+        assert verdicts["stock"]["kind"] == "works"
+    else:
+        assert graft.returncode == 1
+        assert f"stock vLLM {pin.version} cannot serve its MTP: " in graft.stdout
+        assert "MTP loader refuses every compressed-tensors checkpoint" in graft.stdout
