@@ -26,6 +26,7 @@ from e2e_cases import (  # noqa: E402
     ARCHITECTURES,
     CASES,
     QUANTIZED_MTP,
+    QUANTIZER_EXPORTS,
     TENSOR_PARALLEL_CASES,
     TENSOR_PARALLEL_SIZE,
     EngineRun,
@@ -50,15 +51,12 @@ def probe(variant: str, batch: dict) -> dict[str, dict]:
     ]
 
 
-def checkpoint_in(scratch: Path):
-    def checkpoint_of(case) -> Path:
-        out = scratch / case.name()
-        if not out.exists():
-            out.mkdir()
-            checkpoints.make_checkpoint(checkpoints.ARCHITECTURES[case.arch], out, case.quant, **case.options)
-        return out
-
-    return checkpoint_of
+def checkpoint_source(scratch: Path, stock_vllm: str):
+    """checkpoint_of(case) for engine_specs: each case's checkpoint written (or grafted) once."""
+    store = checkpoints.CheckpointStore(
+        lambda name: Path(tempfile.mkdtemp(prefix=f"{name}-", dir=scratch)), stock_vllm
+    )
+    return lambda case: store(case.quant, case.arch, **case.options)
 
 
 def describe(report: dict) -> str:
@@ -67,15 +65,13 @@ def describe(report: dict) -> str:
     return f"{report['acceptance']:.3f} ({report['accepted_tokens']}/{report['draft_tokens']})"
 
 
-def acceptance_table(scratch: Path, newest_target: bool) -> None:
+def acceptance_table(checkpoint_of, newest_target: bool) -> None:
     plan = engine_plan(newest_target)
     reports = {}
     for kind in dict.fromkeys(run.kind for run in plan):
-        reports |= probe(
-            kind[0], engine_specs([run for run in plan if run.kind == kind], checkpoint_in(scratch))
-        )
+        reports |= probe(kind[0], engine_specs([run for run in plan if run.kind == kind], checkpoint_of))
     print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM -> with the series (auto)")
-    for case in [*CASES, QUANTIZED_MTP]:
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]:
         before, after = (reports[EngineRun(variant, case, {}).key] for variant in ("unpatched", "patched"))
         print(f"  {case.name():36} {describe(before):60} -> {describe(after)}", flush=True)
     for arch in ARCHITECTURES:
@@ -91,10 +87,10 @@ def acceptance_table(scratch: Path, newest_target: bool) -> None:
             print(f"  {case.name():36} {before:60} -> {after}", flush=True)
 
 
-def startup_table(scratch: Path, runs: int) -> None:
+def startup_table(checkpoint_of, runs: int) -> None:
     case = CASES[0]
     print(f"engine start-up in-process, MTP off, {case.name()}, {runs} run(s) each (s)")
-    (spec,) = engine_specs([EngineRun("patched", case)], checkpoint_in(scratch)).values()
+    (spec,) = engine_specs([EngineRun("patched", case)], checkpoint_of).values()
     batch = {f"run {index}": spec for index in range(runs)}
     for variant in ("unpatched", "patched"):
         times = [report["startup_s"] for report in probe(variant, batch).values()]
@@ -129,9 +125,10 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mtpq-bench-") as scratch:
         detector_table(Path(scratch))
         if not args.skip_engines:
-            newest_target = installed_version(find_installation(sys.executable)) == targets()[-1].version
-            acceptance_table(Path(scratch), newest_target)
-            startup_table(Path(scratch), args.startup_runs)
+            version = installed_version(find_installation(sys.executable))
+            checkpoint_of = checkpoint_source(Path(scratch), stock_vllm=version)
+            acceptance_table(checkpoint_of, newest_target=version == targets()[-1].version)
+            startup_table(checkpoint_of, args.startup_runs)
 
 
 if __name__ == "__main__":

@@ -27,6 +27,9 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
+import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -976,3 +979,49 @@ def verify_engineering(checkpoint_dir: str | Path, prompts=None, num_tokens: int
         zeroed_mtp_draft_accuracy=max(zeroed_accuracies),
         garbage_mtp_draft_accuracy=mean_accuracies(garbage)[0],
     )
+
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run_mtpq(*args: str) -> subprocess.CompletedProcess:
+    """`python -m mtpq ARGS` as a user runs it: with the standard library alone (-S: no site-packages,
+    so no torch, vLLM or regex)."""
+    return subprocess.run(
+        [sys.executable, "-S", "-m", "mtpq", *map(str, args)], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+class GraftFailed(RuntimeError):
+    pass
+
+
+class CheckpointStore:
+    """`store(quant, arch="mimo", graft=None, **options)`: an engineered checkpoint, written once into
+    a directory from `new_directory(name)` and shared by every caller asking for the same one.
+
+    graft="plain" or "for-stock": that checkpoint (with the other options) after `python -m mtpq graft`
+    from the BF16 one, "for-stock" with --stock-vllm `stock_vllm`; `grafts[path]` is graft's run."""
+
+    def __init__(self, new_directory: Callable[[str], Path], stock_vllm: str):
+        self.new_directory = new_directory
+        self.stock_vllm = stock_vllm
+        self.built: dict[tuple, Path] = {}
+        self.grafts: dict[Path, subprocess.CompletedProcess] = {}
+
+    def __call__(self, quant: str, arch: str = "mimo", graft: str | None = None, **options) -> Path:
+        key = (arch, quant, graft, *sorted(options.items()))
+        if key in self.built:
+            return self.built[key]
+        out = self.new_directory("-".join([arch, quant, *map(str, options.values()), graft or ""]))
+        if graft is None:
+            self.built[key] = make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
+            return self.built[key]
+        grafted = out / "grafted"
+        stock = ["--stock-vllm", self.stock_vllm] if graft == "for-stock" else []
+        sources = [self("bf16", arch), self(quant, arch, **options)]
+        self.grafts[grafted] = run_mtpq("graft", "--mtp-from", *sources, "--out", grafted, *stock)
+        if not grafted.is_dir():
+            raise GraftFailed(f"graft failed: {self.grafts[grafted].stderr}")
+        self.built[key] = grafted
+        return grafted

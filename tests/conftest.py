@@ -239,45 +239,20 @@ def index(tmp_path, monkeypatch):
     server.shutdown()
 
 
-def run_mtpq(*args: str) -> subprocess.CompletedProcess:
-    """`python -m mtpq ARGS` as a user runs it: with the standard library alone (-S: no site-packages,
-    so no torch, vLLM or regex)."""
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "mtpq", *map(str, args)], cwd=ROOT, capture_output=True, text=True
-    )
-
-
 @pytest.fixture(scope="session")
 def engineered_checkpoint(tmp_path_factory):
-    """`engineered_checkpoint(quant, arch="mimo", **options)`: a tiny engineered MTP checkpoint (see
-    checkpoints.py), written once per session and shared by every test that asks for the same one.
-
-    graft="plain" or "for-stock": that checkpoint (with the other options) after `python -m mtpq graft`
-    from the BF16 one, "for-stock" with --stock-vllm <target>; `make.grafts[path]` is graft's run."""
+    """checkpoints.CheckpointStore for this session: each engineered (or grafted) checkpoint once."""
     import checkpoints
 
-    built: dict[tuple, Path] = {}
+    store = checkpoints.CheckpointStore(tmp_path_factory.mktemp, stock_vllm=target_version())
 
     def make(quant: str, arch: str = "mimo", graft: str | None = None, **options) -> Path:
-        key = (arch, quant, graft, *sorted(options.items()))
-        if key not in built:
-            out = tmp_path_factory.mktemp("-".join([arch, quant, *map(str, options.values()), graft or ""]))
-            if graft is None:
-                built[key] = checkpoints.make_checkpoint(
-                    checkpoints.ARCHITECTURES[arch], out, quant, **options
-                )
-            else:
-                built[key] = out / "grafted"
-                stock = ["--stock-vllm", target_version()] if graft == "for-stock" else []
-                source = [make("bf16", arch), make(quant, arch, **options)]
-                make.grafts[built[key]] = run_mtpq(
-                    "graft", "--mtp-from", *source, "--out", built[key], *stock
-                )
-                if not built[key].is_dir():
-                    pytest.fail(f"graft failed: {make.grafts[built[key]].stderr}")
-        return built[key]
+        try:
+            return store(quant, arch, graft, **options)
+        except checkpoints.GraftFailed as error:
+            pytest.fail(str(error))
 
-    make.grafts = {}
+    make.grafts = store.grafts
     return make
 
 

@@ -12,7 +12,8 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT, run_mtpq
+from checkpoints import run_mtpq
+from conftest import ROOT
 from header_checkpoints import (
     DSV3_FP8_CONFIG,
     INDEX_FILE,

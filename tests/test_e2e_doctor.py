@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from conftest import run_mtpq
+from checkpoints import run_mtpq
 from e2e_cases import (
     ARCHITECTURES,
     CASES,

@@ -15,7 +15,8 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, run_mtpq
+from checkpoints import run_mtpq
+from conftest import ROOT
 from header_checkpoints import DSV3_FP8_CONFIG, INDEX_FILE, LAYOUTS, compressed_tensors, write_checkpoint
 
 from mtpq import graft as grafting
