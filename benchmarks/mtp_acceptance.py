@@ -1,9 +1,11 @@
 #!/usr/bin/env python3
-"""MTP acceptance before/after the series, engine start-up with and without it, and the detector's cost.
+"""MTP acceptance before/after the series, engine start-up with and without it, and the detector's cost,
+on one test-bed target.
 
-Run with the test bed's interpreter (`python3 tests/run.py --venv` prints the venv), whose vLLM is
-patched; the unpatched baseline is the same wheel's `vllm/` on PYTHONPATH. Prints figures, asserts
-nothing. Every engine start is a separate process (the CPU platform spawns its workers).
+Run with a test bed's interpreter (`python3 tests/run.py --venv [--target V]` prints the venv), whose
+vLLM is patched; the unpatched baseline is the same wheel's `vllm/` on PYTHONPATH. Prints figures,
+asserts nothing. The engine runs are the end-to-end suite's plan (tests/e2e_cases.py), batched one
+probe process per vLLM variant and tensor-parallel size as the tests batch them.
 
   <venv>/bin/python benchmarks/mtp_acceptance.py [--startup-runs N] [--skip-engines]
 """
@@ -17,25 +19,49 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))
+sys.path.insert(0, str(ROOT))
 
 import checkpoints  # noqa: E402
-from e2e_cases import CASES, MTP, QUANTIZED_MTP  # noqa: E402
+from e2e_cases import (  # noqa: E402
+    ARCHITECTURES,
+    CASES,
+    QUANTIZED_MTP,
+    TENSOR_PARALLEL_CASES,
+    TENSOR_PARALLEL_SIZE,
+    EngineRun,
+    baseline,
+    engine_plan,
+    engine_specs,
+)
 from probing import run_probe  # noqa: E402
-from run import ensure_unpatched_vllm  # noqa: E402
+from run import ensure_unpatched_vllm, targets  # noqa: E402
+
+from mtpq.installed import find_installation, installed_version  # noqa: E402
 
 # A DeepSeek-V3-shaped checkpoint (61 decoder layers + 1 MTP layer, 256 FP8 block-scaled experts a
 # layer, one shard a layer) whose tensor data is a sparse hole: only its headers are real.
 DSV3_LAYERS, DSV3_EXPERTS, DSV3_HIDDEN, DSV3_EXPERT_DIM = 61, 256, 7168, 2048
 
 
-def engine_report(variant: str, checkpoint: Path, speculative: dict | None) -> dict:
-    import vllm
+def probe(variant: str, batch: dict) -> dict[str, dict]:
+    """Run a batch of engine runs under the patched (this interpreter's) or unpatched vLLM."""
+    installation = find_installation(sys.executable)
+    pin = next(pin for pin in targets() if pin.version == installed_version(installation))
+    unpatched = ensure_unpatched_vllm(pin)
+    return run_probe("engine_acceptance", variant, unpatched, installation.package_dir, json.dumps(batch))[
+        "runs"
+    ]
 
-    args = [str(checkpoint)]
-    if speculative is not None:
-        args += ["--speculative-config", json.dumps(speculative)]
-    patched = Path(vllm.__file__).parent
-    return run_probe("engine_acceptance", variant, ensure_unpatched_vllm(), patched, *args)
+
+def checkpoint_in(scratch: Path):
+    def checkpoint_of(case) -> Path:
+        out = scratch / case.name()
+        if not out.exists():
+            out.mkdir()
+            checkpoints.make_checkpoint(checkpoints.ARCHITECTURES[case.arch], out, case.quant, **case.options)
+        return out
+
+    return checkpoint_of
 
 
 def describe(report: dict) -> str:
@@ -44,28 +70,37 @@ def describe(report: dict) -> str:
     return f"{report['acceptance']:.3f} ({report['accepted_tokens']}/{report['draft_tokens']})"
 
 
-def acceptance_table(scratch: Path) -> None:
-    print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM 0.22.1 -> with the series (auto)")
+def acceptance_table(scratch: Path, newest_target: bool) -> None:
+    plan = engine_plan(newest_target)
+    reports = {}
+    for kind in dict.fromkeys(run.kind for run in plan):
+        reports |= probe(
+            kind[0], engine_specs([run for run in plan if run.kind == kind], checkpoint_in(scratch))
+        )
+    print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM -> with the series (auto)")
     for case in [*CASES, QUANTIZED_MTP]:
-        architecture = checkpoints.ARCHITECTURES[case.arch]
-        checkpoint = checkpoints.make_checkpoint(
-            architecture, scratch / case.name(), case.quant, **case.options
-        )
-        before = engine_report("unpatched", checkpoint, MTP)
-        after = engine_report("patched", checkpoint, MTP)
-        print(f"  {case.name():32} {describe(before):60} -> {describe(after)}", flush=True)
-    for arch, architecture in checkpoints.ARCHITECTURES.items():
-        report = engine_report(
-            "patched", checkpoints.make_checkpoint(architecture, scratch / f"{arch}-bf16"), MTP
-        )
-        print(f"  {arch + '-bf16 (baseline)':32} {describe(report)}", flush=True)
+        before, after = (reports[EngineRun(variant, case, {}).key] for variant in ("unpatched", "patched"))
+        print(f"  {case.name():36} {describe(before):60} -> {describe(after)}", flush=True)
+    for arch in ARCHITECTURES:
+        report = reports[EngineRun("patched", baseline(arch), {}).key]
+        print(f"  {arch + '-bf16 (baseline)':36} {describe(report)}", flush=True)
+    if newest_target:
+        print(f"tensor_parallel_size={TENSOR_PARALLEL_SIZE}, stock -> with the series")
+        for case in TENSOR_PARALLEL_CASES:
+            runs = [
+                EngineRun(variant, case, {}, TENSOR_PARALLEL_SIZE) for variant in ("unpatched", "patched")
+            ]
+            before, after = (describe(reports[run.key]) if run.key in reports else "not run" for run in runs)
+            print(f"  {case.name():36} {before:60} -> {after}", flush=True)
 
 
 def startup_table(scratch: Path, runs: int) -> None:
-    checkpoint = checkpoints.make_checkpoint(checkpoints.MIMO, scratch / "startup", "int8_w8a8")
-    print(f"engine start-up, MTP off, mimo int8_w8a8, {runs} run(s) each (s)")
+    case = CASES[0]
+    print(f"engine start-up in-process, MTP off, {case.name()}, {runs} run(s) each (s)")
+    (spec,) = engine_specs([EngineRun("patched", case)], checkpoint_in(scratch)).values()
+    batch = {f"run {index}": spec for index in range(runs)}
     for variant in ("unpatched", "patched"):
-        times = [engine_report(variant, checkpoint, None)["startup_s"] for _ in range(runs)]
+        times = [report["startup_s"] for report in probe(variant, batch).values()]
         print(f"  {variant:10} median {statistics.median(times):5.1f}  runs {times}", flush=True)
 
 
@@ -152,7 +187,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="mtpq-bench-") as scratch:
         detector_table(Path(scratch))
         if not args.skip_engines:
-            acceptance_table(Path(scratch))
+            newest_target = installed_version(find_installation(sys.executable)) == targets()[-1].version
+            acceptance_table(Path(scratch), newest_target)
             startup_table(Path(scratch), args.startup_runs)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from mtpq import gittree, installed, status
 from mtpq.download import DownloadError, sweep_scratch
-from mtpq.pin import Pin, PinError, load_pins, newest_pin, pin_for
+from mtpq.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
 from mtpq.series import Series, SeriesError, load_series
 from mtpq.wheel import WheelError, build_wheel
 
@@ -54,6 +54,16 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument(
         "--series-id", action="store_true", help="print the series id (it names wheels and images) and exit"
     )
+    action.add_argument(
+        "--release-info",
+        action="store_true",
+        help="print the release's version, series, series id and sm121 image inputs as KEY=VALUE lines",
+    )
+    action.add_argument(
+        "--image-releases",
+        action="store_true",
+        help="print the releases images are built for (the newest each series serves), one a line",
+    )
     parser.add_argument("--branch", help="branch for the series (default mtpq/v<version>)")
     parser.add_argument(
         "--rebase",
@@ -82,9 +92,13 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--wheel needs --arch (x86_64 or aarch64)")
     if args.vllm and (args.vllm_src or args.installed):
         parser.error(
-            "--vllm names the release for the default tree, --wheel or --series-id; "
+            "--vllm names the release for the default tree, --wheel, --series-id or --release-info; "
             "with --vllm-src or --installed the release is the one found there"
         )
+    if args.release_info and args.vllm_src:
+        parser.error("--release-info describes a pinned release (--vllm) or the installed one (--installed)")
+    if args.image_releases and (args.vllm or args.vllm_src or args.installed or args.wheel):
+        parser.error("--image-releases lists releases: no --vllm, --vllm-src, --installed or --wheel")
     try:
         sweep_scratch()
         return _run(args)
@@ -97,16 +111,25 @@ def _series(args: argparse.Namespace, pin: Pin) -> Series:
     return load_series(args.patches or pin.series_dir)
 
 
+def _release_info(pin: Pin, series: Series) -> str:
+    """KEY=VALUE lines for scripts (docker/build.sh, docker/Dockerfile)."""
+    info = {"version": pin.version, "series": series.directory.name, "series_id": series.series_id}
+    return "\n".join(f"{key}={value}" for key, value in {**info, **pin.sm121}.items())
+
+
 def _run(args: argparse.Namespace) -> int:
     pins = load_pins()
+    if args.image_releases:
+        print("\n".join(pin.version for pin in image_releases(pins)))
+        return 0
     if args.installed:
         return _run_installed(args, pins)
     if args.vllm_src is not None:
         return _run_tree(args, pins)
     pin = pin_for(args.vllm, pins) if args.vllm else newest_pin(pins)
     series = _series(args, pin)
-    if args.series_id:
-        print(series.series_id)
+    if args.series_id or args.release_info:
+        print(_release_info(pin, series) if args.release_info else series.series_id)
         return 0
     if args.wheel:
         start = time.perf_counter()
@@ -196,8 +219,8 @@ def _run_installed(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
         )
         return 0
     series = _series(args, pin)
-    if args.series_id:
-        print(series.series_id)
+    if args.series_id or args.release_info:
+        print(_release_info(pin, series) if args.release_info else series.series_id)
         return 0
     if args.verify:
         results = installed.verify_installed(installation, series)

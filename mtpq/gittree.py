@@ -550,7 +550,14 @@ def export_series(repo: Repo, base: str | None, directory: Path) -> Series:
     """
     if base is None:
         base = repo.git("describe", "--tags", "--abbrev=0").strip()
-    old_by_subject = {patch.subject: patch.name for patch in load_series(directory).patches}
+    old = load_series(directory)
+    if old.shared_patches:
+        shared = ", ".join(str(patch.path.relative_to(directory.parent)) for patch in old.shared_patches)
+        raise TreeError(
+            f"{directory} lists patch files of another series ({shared}); exporting would rewrite "
+            f"them. Export into a copy of the series that owns them, or into a new directory's copy."
+        )
+    old_by_subject = {patch.subject: patch.name for patch in old.patches}
     with scratch_dir("export") as scratch:
         exported = repo.git(
             "format-patch", "--no-signature", "--no-numbered", "--zero-commit", "--full-index",

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import configparser
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PROJECT_ROOT = Path(__file__).resolve().parent.parent
@@ -22,6 +22,8 @@ ARTIFACTS = {
         "cpu_wheel_x86_64_sha256",
     ),
 }
+# Optional: what the sm121 image (linux/arm64) installs besides the mtpq aarch64 wheel.
+SM121_KEYS = ("sm121_torch", "sm121_cuda")
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
 
@@ -45,6 +47,7 @@ class Pin:
     commit: str
     series_name: str  # the directory under patches/ whose series serves this release
     artifacts: dict[str, Artifact]
+    sm121: dict[str, str] = field(default_factory=dict)  # SM121_KEYS that VLLM_VERSIONS sets
 
     @property
     def tag(self) -> str:
@@ -90,7 +93,7 @@ def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
         missing = [key for key in REQUIRED_KEYS if not values.get(key)]
         if missing:
             raise PinError(f"{path}: [{version}] lacks {', '.join(missing)}")
-        known = set(REQUIRED_KEYS) | {key for _, _, key in ARTIFACTS.values()}
+        known = set(REQUIRED_KEYS) | set(SM121_KEYS) | {key for _, _, key in ARTIFACTS.values()}
         if unknown := sorted(set(values) - known):
             raise PinError(f"{path}: [{version}] has unknown key(s) {', '.join(unknown)}")
         artifacts = {}
@@ -100,7 +103,10 @@ def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
             if not _SHA256.fullmatch(values[key]):
                 raise PinError(f"{path}: [{version}] {key} is not a lower-case sha256: {values[key]!r}")
             artifacts[kind] = Artifact(project, pattern.format(version=version), values[key])
-        pins[version] = Pin(version, values["commit"], values["series"], artifacts)
+        sm121 = {key: values[key] for key in SM121_KEYS if key in values}
+        if bad := sorted(key for key, value in sm121.items() if not _VERSION.fullmatch(value)):
+            raise PinError(f"{path}: [{version}] {', '.join(bad)} must be a release number like 13.0.2")
+        pins[version] = Pin(version, values["commit"], values["series"], artifacts, sm121)
     if not pins:
         raise PinError(f"{path}: no release is pinned")
     return dict(sorted(pins.items(), key=lambda item: version_key(item[0])))
@@ -126,6 +132,12 @@ def pin_for(version: str, pins: dict[str, Pin] | None = None) -> Pin:
 def newest_pin(pins: dict[str, Pin] | None = None) -> Pin:
     pins = pins if pins is not None else load_pins()
     return list(pins.values())[-1]
+
+
+def image_releases(pins: dict[str, Pin] | None = None) -> list[Pin]:
+    """The releases images are built for: those that pin the sm121 image's inputs, oldest first."""
+    pins = pins if pins is not None else load_pins()
+    return [pin for pin in pins.values() if pin.sm121]
 
 
 def supported_releases(pins: dict[str, Pin]) -> str:

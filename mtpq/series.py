@@ -14,6 +14,7 @@ from mtpq import crashsafe
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
+_SIBLING_ENTRY = re.compile(r"\.\./[A-Za-z0-9._-]+/[A-Za-z0-9._-]+\.patch")
 _HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
 
 
@@ -95,6 +96,11 @@ class Series:
         return "s" + digest.hexdigest()[:10]
 
     @property
+    def shared_patches(self) -> tuple[Patch, ...]:
+        """The patches it lists from a sibling series' directory."""
+        return tuple(patch for patch in self.patches if patch.path.parent != self.directory)
+
+    @property
     def files(self) -> tuple[str, ...]:
         """Every path the series touches, in first-touched order."""
         return tuple(dict.fromkeys(f for patch in self.patches for f in patch.files))
@@ -107,8 +113,12 @@ _REMOVALS = ".remove"  # in _STAGED: the old patch files the new series no longe
 
 
 def load_series(directory: Path) -> Series:
-    """Read `series`, check it against the directory, and parse every patch it lists. A new series
-    that an interrupted `--export` staged completely is moved in first."""
+    """Read `series`, check it against the directory, and parse every patch it lists.
+
+    An entry is a patch file of the directory, or `../<series>/<file>`: a file of a sibling series
+    (a release's series that is another's plus a patch lists the shared ones that way). A new series
+    that an interrupted `--export` staged completely is moved in first.
+    """
     if (directory / _STAGED).is_dir():
         with crashsafe.exclusive_lock(directory, f"the series in {directory}"):
             _move_staged_series_in(directory)
@@ -123,6 +133,9 @@ def load_series(directory: Path) -> Series:
     duplicates = sorted({name for name in names if names.count(name) > 1})
     if duplicates:
         raise SeriesError(f"{series_file}: listed more than once: {', '.join(duplicates)}")
+    odd = [name for name in names if "/" in name and not _SIBLING_ENTRY.fullmatch(name)]
+    if odd:
+        raise SeriesError(f"{series_file}: entries must be FILE or ../SERIES/FILE, not: {', '.join(odd)}")
     missing = [name for name in names if not (directory / name).is_file()]
     if missing:
         raise SeriesError(f"{series_file}: entries without a file: {', '.join(missing)}")

@@ -3,7 +3,8 @@ clones of them, apply.py runs and vLLM probes.
 
 A session runs for one target (tests/run.py sets MTPQ_TARGET; run directly, it is the vLLM this
 interpreter has): a pinned release whose CPU engine the behaviour tests run. Tests that take
-`release_pin` run once for every release the target's series serves (VLLM_VERSIONS).
+`release_pin` run once for every release the session covers (served_pins), each with its own series
+(`release_series`).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ TESTS = ROOT / "tests"
 sys.path.insert(0, str(ROOT))
 
 from mtpq import gittree, installed  # noqa: E402
-from mtpq.pin import load_pins  # noqa: E402
+from mtpq.pin import load_pins, version_key  # noqa: E402
 from mtpq.series import load_series  # noqa: E402
 
 sys.path.insert(0, str(TESTS))
@@ -55,10 +56,17 @@ collect_ignore = [] if is_newest_target() else ["test_e2e_tensor_parallel.py", "
 
 
 def served_pins() -> list:
-    """Every pinned release the target's series serves, oldest first."""
+    """The pinned releases this session covers, oldest first: those its target's series serves, and,
+    on the newest test bed, the newer releases no CPU engine can test (0.33.0 has no CPU build)."""
     pins = load_pins()
-    series_name = pins[target_version()].series_name
-    return [pin for pin in pins.values() if pin.series_name == series_name]
+    target = pins[target_version()]
+    newest_engine = engine_targets()[-1]
+    return [
+        pin
+        for pin in pins.values()
+        if pin.series_name == target.series_name
+        or (target == newest_engine and version_key(pin.version) > version_key(target.version))
+    ]
 
 
 def pytest_generate_tests(metafunc):
@@ -67,6 +75,11 @@ def pytest_generate_tests(metafunc):
         if metafunc.definition.get_closest_marker("newest_release"):
             releases = releases[-1:]
         metafunc.parametrize("release_pin", releases, ids=[p.version for p in releases], scope="session")
+
+
+@pytest.fixture(scope="session")
+def pins():
+    return load_pins()
 
 
 @pytest.fixture(scope="session")
@@ -81,8 +94,18 @@ def series(pin):
 
 
 @pytest.fixture(scope="session")
+def release_series(release_pin):
+    return load_series(release_pin.series_dir)
+
+
+@pytest.fixture(scope="session")
+def newest_series(newest_pin):
+    return load_series(newest_pin.series_dir)
+
+
+@pytest.fixture(scope="session")
 def newest_pin():
-    """The newest release the target's series serves: the one wheels and images are built for."""
+    """The newest release the session covers: the one wheels and images are built for."""
     return served_pins()[-1]
 
 
@@ -238,29 +261,37 @@ def engineered_checkpoint(tmp_path_factory):
 def engine_run(vllm_probe, engineered_checkpoint):
     """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
     every planned run of its kind (variant and tensor-parallel size) in one probe process."""
-    from e2e_cases import engine_plan
+    from e2e_cases import engine_plan, engine_specs
 
     plan = engine_plan(newest_target=is_newest_target())
     reports: dict[str, dict] = {}
 
-    def spec(run) -> dict:
-        case = run.case
-        return {
-            "model": str(engineered_checkpoint(case.quant, case.arch, **case.options)),
-            "speculative_config": run.speculative_config(),
-            "tensor_parallel_size": run.tensor_parallel_size,
-            "in_process": run.tensor_parallel_size == 1,
-        }
+    def checkpoint_of(case):
+        return engineered_checkpoint(case.quant, case.arch, **case.options)
 
     def run(requested) -> dict:
         if requested.key not in reports:
-            batch = {r.key: spec(r) for r in plan if r.kind == requested.kind}
+            batch = engine_specs([r for r in plan if r.kind == requested.kind], checkpoint_of)
             if requested.key not in batch:
                 pytest.fail(f"{requested.key} is not in e2e_cases.engine_plan()")
             reports.update(vllm_probe("engine_acceptance", requested.variant, json.dumps(batch))["runs"])
         return reports[requested.key]
 
     return run
+
+
+@pytest.fixture
+def series_copy(tmp_path):
+    """`series_copy(series)`: that series' directory in a private copy of patches/ (sibling series
+    included, as a series may list their files), for a test to damage or export into."""
+
+    def copy(series) -> Path:
+        patches = tmp_path / "patches"
+        if not patches.exists():
+            shutil.copytree(series.directory.parent, patches)
+        return patches / series.directory.name
+
+    return copy
 
 
 @pytest.fixture
@@ -273,3 +304,20 @@ def checkpoint_copy(tmp_path):
         return target
 
     return copy
+
+
+@pytest.fixture(scope="session")
+def series_design(series) -> str:
+    """The series whose design this one's behaviour follows, by directory name ("v0.22.1", "v0.33.0"):
+    what per-series expectations key on. A series built from a sibling's patches plus a backport (the
+    v0.32.0 series lists v0.33.0's) answers with that sibling's name."""
+    siblings = {patch.path.parent.name for patch in series.shared_patches}
+    (design,) = siblings or {series.directory.name}
+    return design
+
+
+@pytest.fixture(scope="session")
+def mtp_drafts(vllm_probe):
+    """`mtp_drafts(variant)`: the verdict of tests/probes/mtp_drafts.py, every draft construction and
+    loading section of one vLLM variant (one probe process per variant and session)."""
+    return lambda variant: vllm_probe("mtp_drafts", variant)

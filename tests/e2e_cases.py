@@ -124,3 +124,17 @@ def engine_plan(newest_target: bool) -> list[EngineRun]:
         runs += [EngineRun("patched", case, {}, TENSOR_PARALLEL_SIZE) for case in TENSOR_PARALLEL_CASES]
         runs.append(EngineRun("unpatched", TENSOR_PARALLEL_CASES[0], {}, TENSOR_PARALLEL_SIZE))
     return runs
+
+
+def engine_specs(runs: list[EngineRun], checkpoint_of) -> dict[str, dict]:
+    """The probe's RUNS_JSON for runs of one kind (tests/probes/engine_acceptance.py), keyed by run.
+    checkpoint_of(case) gives the case's checkpoint directory."""
+    return {
+        run.key: {
+            "model": str(checkpoint_of(run.case)),
+            "speculative_config": run.speculative_config(),
+            "tensor_parallel_size": run.tensor_parallel_size,
+            "in_process": run.tensor_parallel_size == 1,
+        }
+        for run in runs
+    }

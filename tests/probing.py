@@ -29,9 +29,10 @@ def run_probe(name: str, variant: str, unpatched_vllm: Path, patched_vllm: Path,
     env = {
         **os.environ,
         "PYTHONPATH": str(unpatched_vllm) if variant == "unpatched" else "",
-        # vLLM caches model-class checks by each model file's hash: one cache per variant keeps
-        # alternating variants from re-checking every architecture (~20 s each) at every switch.
-        "VLLM_CACHE_ROOT": str(unpatched_vllm.parent / f"vllm-cache-{variant}"),
+        # vLLM caches model-class checks by each model file's hash, one entry per class: one cache
+        # per test bed and variant keeps alternating variants, or the other target's sessions, from
+        # re-checking every architecture (~20 s each) at every switch.
+        "VLLM_CACHE_ROOT": str(unpatched_vllm.with_name(f"{unpatched_vllm.name}.vllm-cache-{variant}")),
     }
     done = subprocess.run(
         [sys.executable, str(PROBES / f"{name}.py"), *args],

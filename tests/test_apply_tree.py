@@ -17,26 +17,26 @@ def statuses(stdout: str) -> dict[str, str]:
 
 
 def test_series_applies_one_commit_per_patch_keeping_author_and_message(
-    run_apply, scratch_tree, series, release_pin
+    run_apply, scratch_tree, release_series, release_pin
 ):
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 0, done.stderr
-    for patch in series.patches:
+    for patch in release_series.patches:
         assert statuses(done.stdout)[patch.name] == "applied"
     assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == release_pin.branch
     log = git(
         scratch_tree, "log", "--reverse", "--format=%an <%ae>%x09%s", f"{release_pin.tag}..HEAD"
     ).splitlines()
-    assert log == [f"{patch.author}\t{patch.subject}" for patch in series.patches]
+    assert log == [f"{patch.author}\t{patch.subject}" for patch in release_series.patches]
     assert git(scratch_tree, "status", "--porcelain") == ""
 
 
-def test_second_run_on_the_patched_branch_reports_already_upstream(run_apply, scratch_tree, series):
+def test_second_run_on_the_patched_branch_reports_already_upstream(run_apply, scratch_tree, release_series):
     assert run_apply("--vllm-src", str(scratch_tree)).returncode == 0
     head = git(scratch_tree, "rev-parse", "HEAD")
     again = run_apply("--vllm-src", str(scratch_tree))
     assert again.returncode == 0, again.stderr
-    assert again.stdout.count("already upstream\n") == len(series.patches)
+    assert again.stdout.count("already upstream\n") == len(release_series.patches)
     assert git(scratch_tree, "rev-parse", "HEAD") == head
 
 
@@ -52,16 +52,16 @@ def test_a_branch_blocking_the_series_branch_name_is_a_clear_error(
     assert snapshot(scratch_tree) == before
 
 
-def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, series):
+def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, release_series):
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree), "--check")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("  applied\n") == len(series.patches)
+    assert done.stdout.count("  applied\n") == len(release_series.patches)
     assert snapshot(scratch_tree) == before
 
 
-def test_dirty_tree_is_refused_and_left_untouched(run_apply, scratch_tree, snapshot, series):
-    path = next(path for path in series.files if (scratch_tree / path).exists())
+def test_dirty_tree_is_refused_and_left_untouched(run_apply, scratch_tree, snapshot, release_series):
+    path = next(path for path in release_series.files if (scratch_tree / path).exists())
     touched = scratch_tree / path
     touched.write_text(touched.read_text() + "# a user's unsaved work\n")
     before = snapshot(scratch_tree)
@@ -71,10 +71,10 @@ def test_dirty_tree_is_refused_and_left_untouched(run_apply, scratch_tree, snaps
     assert snapshot(scratch_tree) == before
 
 
-def _inject_conflict(tree: Path, series):
+def _inject_conflict(tree: Path, release_series):
     """Commit a change to a line the first patch that edits an existing file removes, so that patch
     cannot apply; returns the patch and the file."""
-    for patch in series.patches:
+    for patch in release_series.patches:
         for path in patch.files:
             hunks = patch.path.read_text().split(f"+++ b/{path}\n", 1)[1].split("\ndiff --git ", 1)[0]
             removed = next((line[1:] for line in hunks.splitlines() if line.startswith("-")), None)
@@ -88,8 +88,10 @@ def _inject_conflict(tree: Path, series):
     raise AssertionError("no patch of the series removes a line of an existing file")
 
 
-def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratch_tree, snapshot, series):
-    patch, path = _inject_conflict(scratch_tree, series)
+def test_conflict_is_reported_and_the_tree_is_restored_exactly(
+    run_apply, scratch_tree, snapshot, release_series
+):
+    patch, path = _inject_conflict(scratch_tree, release_series)
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 1
@@ -98,10 +100,9 @@ def test_conflict_is_reported_and_the_tree_is_restored_exactly(run_apply, scratc
     assert snapshot(scratch_tree) == before
 
 
-def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
-    run_apply, scratch_tree, series, release_pin, tmp_path
-):
-    _, path = _inject_conflict(scratch_tree, series)
+@pytest.mark.newest_release  # a 3-way merge needs the blobs the patches were made against
+def test_rebase_keeps_the_conflict_for_resolving(run_apply, scratch_tree, release_series, release_pin):
+    _, path = _inject_conflict(scratch_tree, release_series)
     done = run_apply("--vllm-src", str(scratch_tree), "--rebase")
     assert done.returncode == 1
     assert "git am --continue" in done.stderr
@@ -111,30 +112,49 @@ def test_rebase_keeps_the_conflict_for_resolving_and_export_rewrites_the_series(
     git(scratch_tree, "checkout", "--theirs", "--", path)
     git(scratch_tree, "add", path)
     git(scratch_tree, "am", "--continue")
-    patches = tmp_path / "patches"
-    shutil.copytree(series.directory, patches)
+    commits = git(scratch_tree, "rev-list", "--count", "main..HEAD")
+    assert int(commits) == len(release_series.patches)
+
+
+@pytest.mark.newest_release
+def test_export_after_a_rebase_rewrites_the_series(run_apply, scratch_tree, release_series, series_copy):
+    _, path = _inject_conflict(scratch_tree, release_series)
+    run_apply("--vllm-src", str(scratch_tree), "--rebase")
+    git(scratch_tree, "checkout", "--theirs", "--", path)
+    git(scratch_tree, "add", path)
+    git(scratch_tree, "am", "--continue")
+    patches = series_copy(release_series)
     # The branch the series was rebased onto ("main", with the conflicting change) is the new base.
     exported = run_apply(
         "--vllm-src", str(scratch_tree), "--export", "--base", "main", "--patches", str(patches)
     )
     assert exported.returncode == 0, exported.stderr
-    assert sorted(p.name for p in patches.glob("*.patch")) == sorted(p.name for p in series.patches)
-    assert [p.name for p in load_series(patches).patches] == [p.name for p in series.patches]
-    assert (patches / "series").read_text() == (series.directory / "series").read_text()
+    assert sorted(p.name for p in patches.glob("*.patch")) == sorted(p.name for p in release_series.patches)
+    assert [p.name for p in load_series(patches).patches] == [p.name for p in release_series.patches]
+    assert (patches / "series").read_text() == (release_series.directory / "series").read_text()
+
+
+def test_export_refuses_a_series_that_lists_another_series_files(run_apply, scratch_tree, series_copy, pins):
+    every_series = [load_series(pin.series_dir) for pin in pins.values()]
+    shared = next(series for series in every_series if series.shared_patches)
+    patches = series_copy(shared)
+    before = {path: path.read_bytes() for path in patches.parent.rglob("*") if path.is_file()}
+    done = run_apply("--vllm-src", str(scratch_tree), "--export", "--base", "main", "--patches", str(patches))
+    assert done.returncode == 2 and "lists patch files of another series" in done.stderr
+    assert {path: path.read_bytes() for path in patches.parent.rglob("*") if path.is_file()} == before
 
 
 @pytest.mark.newest_release
 def test_export_of_the_applied_series_reproduces_the_patch_files(
-    run_apply, scratch_tree, series, release_pin, tmp_path
+    run_apply, scratch_tree, release_series, release_pin, series_copy
 ):
     assert run_apply("--vllm-src", str(scratch_tree)).returncode == 0
-    patches = tmp_path / "patches"
-    shutil.copytree(series.directory, patches)
+    patches = series_copy(release_series)
     done = run_apply(
         "--vllm-src", str(scratch_tree), "--export", "--base", release_pin.tag, "--patches", str(patches)
     )
     assert done.returncode == 0, done.stderr
-    for patch in series.patches:
+    for patch in release_series.patches:
         assert (patches / patch.name).read_bytes() == patch.path.read_bytes(), patch.name
 
 
@@ -173,12 +193,12 @@ def test_missing_git_is_reported(run_apply, scratch_tree, tmp_path):
 
 @pytest.mark.parametrize("corruption", ["garbage", "missing-entry"])
 def test_broken_series_is_refused_before_touching_the_tree(
-    run_apply, scratch_tree, snapshot, series, tmp_path, corruption
+    run_apply, scratch_tree, snapshot, release_series, series_copy, corruption
 ):
-    patches = tmp_path / "patches"
-    shutil.copytree(series.directory, patches)
+    patches = series_copy(release_series)
     if corruption == "garbage":
-        (patches / series.patches[0].name).write_text("this is not a patch\n")
+        first = release_series.patches[0].path.relative_to(release_series.directory.parent)
+        (patches.parent / first).write_text("this is not a patch\n")
     else:
         (patches / "series").write_text((patches / "series").read_text() + "0099-gone.patch\n")
     before = snapshot(scratch_tree)

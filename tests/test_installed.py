@@ -11,39 +11,39 @@ from mtpq.installed import STATE_DIR_NAME
 
 
 @pytest.fixture
-def environment(tmp_path, pinned_tree, release_pin, series) -> Environment:
-    return Environment(tmp_path / "env", pinned_tree, release_pin, series)
+def environment(tmp_path, pinned_tree, release_pin, release_series) -> Environment:
+    return Environment(tmp_path / "env", pinned_tree, release_pin, release_series)
 
 
-def test_an_environment_that_already_carries_the_series_is_recognised(run_apply, environment, series):
+def test_an_environment_that_already_carries_the_series_is_recognised(run_apply, environment, release_series):
     """As `pip install` of the mtpq wheel leaves it: the patched files and no mtpq state beside them."""
     assert run_apply("--installed", "--python", environment.python).returncode == 0
     shutil.rmtree(environment.site / STATE_DIR_NAME)
     patched = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.count("  already upstream\n") == len(series.patches)
+    assert done.stdout.count("  already upstream\n") == len(release_series.patches)
     after = fingerprint(environment.site)
     assert {path: after[path] for path in patched} == patched
     assert run_apply("--installed", "--python", environment.python, "--verify").returncode == 0
 
 
-def test_apply_is_idempotent_and_revert_restores_every_byte(run_apply, environment, series):
+def test_apply_is_idempotent_and_revert_restores_every_byte(run_apply, environment, release_series):
     pristine = fingerprint(environment.site)
     first = run_apply("--installed", "--python", environment.python)
     assert first.returncode == 0, first.stderr
-    assert first.stdout.count("  applied\n") == len(series.patches)
+    assert first.stdout.count("  applied\n") == len(release_series.patches)
     patched = fingerprint(environment.site)
     changed = {
         path
         for path in pristine.keys() | patched.keys()
         if pristine.get(path) != patched.get(path) and not path.startswith(STATE_DIR_NAME)
     }
-    assert changed == {path for path in series.files if path.startswith("vllm/")}
+    assert changed == {path for path in release_series.files if path.startswith("vllm/")}
 
     second = run_apply("--installed", "--python", environment.python)
     assert second.returncode == 0, second.stderr
-    assert second.stdout.count("  already applied\n") == len(series.patches)
+    assert second.stdout.count("  already applied\n") == len(release_series.patches)
     assert fingerprint(environment.site) == patched
 
     verified = run_apply("--installed", "--python", environment.python, "--verify")
@@ -60,15 +60,15 @@ def test_verify_fails_on_an_unpatched_environment(run_apply, environment):
     assert done.returncode == 1 and "missing" in done.stdout
 
 
-def test_check_changes_nothing(run_apply, environment, series):
+def test_check_changes_nothing(run_apply, environment, release_series):
     pristine = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python, "--check")
     assert done.returncode == 0, done.stderr
     assert fingerprint(environment.site) == pristine
 
 
-def test_a_patch_that_does_not_apply_leaves_site_packages_untouched(run_apply, environment, series):
-    target = environment.site / series.files[-1]
+def test_a_patch_that_does_not_apply_leaves_site_packages_untouched(run_apply, environment, release_series):
+    target = environment.site / release_series.files[-1]
     target.write_text("# someone rewrote this file\n")
     before = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python)
@@ -92,11 +92,11 @@ def test_environment_without_vllm_is_refused(run_apply, environment):
     assert done.returncode == 2 and "no vLLM is installed" in done.stderr
 
 
-def test_revert_refuses_files_changed_after_patching(run_apply, environment, series):
+def test_revert_refuses_files_changed_after_patching(run_apply, environment, release_series):
     assert run_apply("--installed", "--python", environment.python).returncode == 0
-    edited = environment.site / series.files[0]
+    edited = environment.site / release_series.files[0]
     edited.write_text(edited.read_text() + "# local edit\n")
     before = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python, "--revert")
-    assert done.returncode == 2 and series.files[0] in done.stderr
+    assert done.returncode == 2 and release_series.files[0] in done.stderr
     assert fingerprint(environment.site) == before

@@ -1,17 +1,17 @@
-"""Issue 3, construction: MTP drafters that cannot run on this CPU build their linears with the quant
-method the checkpoint's MTP tensors call for (patches 0002-0005).
+"""MTP drafters that cannot run on this CPU (DeepSeek-V4, DeepSeek-V3, Qwen3-Next, Step-3.5) build their
+linears with the quant method the checkpoint's MTP tensors call for.
 
-tests/probes/mtp_draft_construction.py builds each draft the way the proposer does, from tiny
-checkpoints whose compressed-tensors INT8 W8A8 config describes the main model while the MTP layer is
-stored in BF16, in INT8, or with INT8 projections around a BF16 decoder block. Every scenario of
-every architecture is built in one probe process per vLLM variant.
+The ``construction`` section of tests/probes/mtp_drafts.py builds each draft the way the proposer does,
+from tiny checkpoints whose compressed-tensors config (INT8 W8A8; FP8 block for DeepSeek-V4) describes
+the main model while the MTP layer is stored in BF16, quantized, or with quantized projections around
+a BF16 decoder block.
 """
 
 from __future__ import annotations
 
 import pytest
 
-PROBE = "mtp_draft_construction"
+SECTION = "construction"
 QUANTIZED = "CompressedTensorsLinearMethod"
 # What an unquantized draft's modules report; "torch.nn.Linear" is a plain torch Linear (some
 # drafters' eh_proj), which never takes a quant method.
@@ -27,7 +27,7 @@ def _names(prefix: str, *names: str) -> set[str]:
     return {f"{prefix}.{name}" for name in names}
 
 
-# Draft modules an INT8 MTP layer quantizes: (the MTP layer's own projections, its decoder block).
+# Draft modules a quantized MTP layer quantizes: (the MTP layer's own projections, its decoder block).
 # Routed experts, routers and heads stay unquantized (BF16 and ignored in every checkpoint).
 QUANTIZED_LINEARS = {
     "deepseek_v4": (
@@ -53,48 +53,63 @@ QUANTIZED_LINEARS = {
     ),
 }
 ARCHITECTURES = sorted(QUANTIZED_LINEARS)
-SCENARIOS = ("bf16", "int8_w8a8", "bf16_block")
+SCENARIOS = ("bf16", "quantized", "bf16_block")
+
+# Quantized projections around a BF16 decoder block, per series. v0.22.1 builds the block with its own
+# quant config (patch 0005) and only the projections quantized; v0.33.0 builds the whole draft with
+# one quant config and refuses the layout when draft_quant_config is resolved, naming both parts.
+SPLIT_LAYOUT_DECISION = {"v0.22.1": "mtp_layer=inherit block=none", "v0.33.0": None}
+SPLIT_LAYOUT_REFUSAL = (
+    "draft_quant_config='auto': the checkpoint stores the MTP layer's",
+    "but its decoder block",
+)
 
 
 @pytest.fixture(scope="module")
-def draft(vllm_probe):
+def draft(mtp_drafts):
     """`draft(variant, architecture, scenario)`: the decision and the quant method of each linear."""
-
-    def built(variant: str, architecture: str, scenario: str) -> dict:
-        result = vllm_probe(PROBE, variant)["drafts"][architecture][scenario]
-        assert "error" not in result, f"{architecture} {scenario} draft not built: {result}"
-        return result
-
-    return built
+    return lambda variant, architecture, scenario: mtp_drafts(variant)[SECTION][architecture][scenario]
 
 
-def quantized_linears(built: dict) -> set[str]:
-    return {name for name, method in built["linears"].items() if method == QUANTIZED}
+def built(result: dict) -> dict:
+    assert "error" not in result, f"draft not built: {result}"
+    return result
+
+
+def quantized_linears(result: dict) -> set[str]:
+    return {name for name, method in built(result)["linears"].items() if method == QUANTIZED}
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
 def test_patched_draft_of_a_bf16_mtp_layer_is_unquantized(draft, architecture):
-    built = draft("patched", architecture, "bf16")
+    result = built(draft("patched", architecture, "bf16"))
     projections, block = QUANTIZED_LINEARS[architecture]
-    assert built["draft_quant_decision"] == {"mtp_layer": "none", "block": "none"}
-    assert projections | block <= set(built["linears"])
-    assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
+    assert result["draft_quant_decision"] == "none"
+    assert projections | block <= set(result["linears"])
+    assert set(result["linears"].values()) <= UNQUANTIZED, result["linears"]
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_patched_draft_of_an_int8_mtp_layer_keeps_the_target_quantization(draft, architecture):
-    built = draft("patched", architecture, "int8_w8a8")
+def test_patched_draft_of_a_quantized_mtp_layer_keeps_the_target_quantization(draft, architecture):
+    result = built(draft("patched", architecture, "quantized"))
     projections, block = QUANTIZED_LINEARS[architecture]
-    assert built["draft_quant_decision"] == {"mtp_layer": "inherit", "block": "inherit"}
-    assert quantized_linears(built) == projections | block
+    assert result["draft_quant_decision"] == "inherit"
+    assert quantized_linears(result) == projections | block
 
 
 @pytest.mark.parametrize("architecture", ARCHITECTURES)
-def test_patched_draft_builds_a_bf16_decoder_block_unquantized_around_int8_projections(draft, architecture):
-    built = draft("patched", architecture, "bf16_block")
+def test_patched_quantized_projections_around_a_bf16_block_follow_the_series_rule(
+    draft, series_design, architecture
+):
+    result = draft("patched", architecture, "bf16_block")
+    decision = SPLIT_LAYOUT_DECISION[series_design]
+    if decision is None:
+        assert result["error_type"] == "ValidationError", result
+        assert all(part in result["error"] for part in SPLIT_LAYOUT_REFUSAL), result["error"]
+        return
     projections, _ = QUANTIZED_LINEARS[architecture]
-    assert built["draft_quant_decision"] == {"mtp_layer": "inherit", "block": "none"}
-    assert quantized_linears(built) == projections
+    assert built(result)["draft_quant_decision"] == decision
+    assert quantized_linears(result) == projections
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
@@ -102,6 +117,7 @@ def test_patched_draft_builds_a_bf16_decoder_block_unquantized_around_int8_proje
 def test_unpatched_draft_quantizes_the_mtp_layer_whatever_its_checkpoint_stores(
     draft, architecture, scenario
 ):
-    built = draft("unpatched", architecture, scenario)
+    result = draft("unpatched", architecture, scenario)
     projections, block = QUANTIZED_LINEARS[architecture]
-    assert quantized_linears(built) == projections | block
+    assert result["draft_quant_decision"] is None
+    assert quantized_linears(result) == projections | block

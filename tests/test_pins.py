@@ -65,3 +65,10 @@ def test_an_artifact_a_release_does_not_pin_is_a_clear_error(pin_file):
 def test_a_malformed_pin_file_names_what_is_wrong(pin_file, text, message):
     with pytest.raises(PinError, match=message):
         load_pins(pin_file(text))
+
+
+def test_the_sm121_image_inputs_are_release_numbers(pin_file):
+    pin = load_pins(pin_file(GOOD_SECTION + "sm121_torch = 2.14.0\n"))["9.9.9"]
+    assert pin.sm121 == {"sm121_torch": "2.14.0"}
+    with pytest.raises(PinError, match=r"\[9.9.9\] sm121_cuda must be a release number"):
+        load_pins(pin_file(GOOD_SECTION + "sm121_cuda = 13\n"))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
 
 import pytest
@@ -10,28 +9,27 @@ import pytest
 from mtpq.series import DEP3_FIELDS, SeriesError, load_series
 
 
-def test_every_patch_file_is_listed_once_and_parses(series):
-    on_disk = sorted(path.name for path in series.directory.glob("*.patch"))
-    assert sorted(patch.name for patch in series.patches) == on_disk
-    assert on_disk, "the series is empty"
+def test_every_patch_file_is_listed_once_and_parses(release_series):
+    on_disk = sorted(path.name for path in release_series.directory.glob("*.patch"))
+    shared = {patch.name for patch in release_series.shared_patches}
+    assert sorted(patch.name for patch in release_series.patches if patch.name not in shared) == on_disk
+    assert release_series.patches, "the series is empty"
 
 
 @pytest.mark.parametrize("field", DEP3_FIELDS)
-def test_every_patch_carries_dep3_field(series, field):
-    assert all(patch.dep3.get(field) for patch in series.patches)
+def test_every_patch_carries_dep3_field(release_series, field):
+    assert all(patch.dep3.get(field) for patch in release_series.patches)
 
 
-def test_every_patch_ends_with_newline_and_has_an_author(series):
-    for patch in series.patches:
+def test_every_patch_ends_with_newline_and_has_an_author(release_series):
+    for patch in release_series.patches:
         assert patch.path.read_bytes().endswith(b"\n"), patch.name
         assert "<" in patch.author, patch.name
 
 
-def test_each_patch_applies_without_fuzz_to_every_release_it_serves(
-    series, pinned_tree, release_pin, newest_pin, tmp_path
-):
-    """GNU patch with --fuzz=0, in series order, on a pristine export of the baseline. On the release
-    the series was made on, not even an offset; an older release it serves may shift lines."""
+def test_each_patch_applies_without_fuzz_to_its_release(release_series, pinned_tree, release_pin, tmp_path):
+    """GNU patch with --fuzz=0, in series order, on a pristine export of the baseline. A patch shared
+    with the series of a newer release may shift lines (an offset); the others not even that."""
     archive = tmp_path / "baseline.tar"
     subprocess.run(
         ["git", "-C", str(pinned_tree), "archive", "-o", str(archive), release_pin.tag], check=True
@@ -39,7 +37,7 @@ def test_each_patch_applies_without_fuzz_to_every_release_it_serves(
     tree = tmp_path / "tree"
     tree.mkdir()
     subprocess.run(["tar", "-xf", str(archive), "-C", str(tree)], check=True)
-    for patch in series.patches:
+    for patch in release_series.patches:
         done = subprocess.run(
             ["patch", "-p1", "--fuzz=0", "--forward", "--batch", "-i", str(patch.path)],
             cwd=tree,
@@ -48,39 +46,38 @@ def test_each_patch_applies_without_fuzz_to_every_release_it_serves(
         )
         assert done.returncode == 0, done.stdout + done.stderr
         assert "fuzz" not in done.stdout, done.stdout
-        if release_pin == newest_pin:
+        if patch.path.parent == release_series.directory:
             assert "offset" not in done.stdout, done.stdout
 
 
 @pytest.fixture
-def series_copy(series, tmp_path):
-    copy = tmp_path / "patches"
-    shutil.copytree(series.directory, copy)
-    return copy
+def own_series(series, series_copy):
+    """A private copy of the target's series directory."""
+    return series_copy(series)
 
 
 def _first_patch(directory):
     return sorted(directory.glob("*.patch"))[0]
 
 
-def test_unlisted_patch_file_is_reported(series_copy):
-    (series_copy / "9999-stray.patch").write_text(_first_patch(series_copy).read_text())
+def test_unlisted_patch_file_is_reported(own_series):
+    (own_series / "9999-stray.patch").write_text(_first_patch(own_series).read_text())
     with pytest.raises(SeriesError, match="not listed in series: 9999-stray.patch"):
-        load_series(series_copy)
+        load_series(own_series)
 
 
-def test_series_entry_without_file_is_reported(series_copy):
-    with (series_copy / "series").open("a") as listing:
+def test_series_entry_without_file_is_reported(own_series):
+    with (own_series / "series").open("a") as listing:
         listing.write("0099-missing.patch\n")
     with pytest.raises(SeriesError, match="entries without a file: 0099-missing.patch"):
-        load_series(series_copy)
+        load_series(own_series)
 
 
-def test_duplicate_series_entry_is_reported(series_copy):
-    with (series_copy / "series").open("a") as listing:
-        listing.write(_first_patch(series_copy).name + "\n")
+def test_duplicate_series_entry_is_reported(own_series):
+    with (own_series / "series").open("a") as listing:
+        listing.write(_first_patch(own_series).name + "\n")
     with pytest.raises(SeriesError, match="listed more than once"):
-        load_series(series_copy)
+        load_series(own_series)
 
 
 @pytest.mark.parametrize(
@@ -93,11 +90,11 @@ def test_duplicate_series_entry_is_reported(series_copy):
     ],
     ids=["no-diff", "no-forwarded", "no-final-newline", "no-subject"],
 )
-def test_damaged_patch_is_reported(series_copy, damage, message):
-    patch = _first_patch(series_copy)
+def test_damaged_patch_is_reported(own_series, damage, message):
+    patch = _first_patch(own_series)
     patch.write_text(damage(patch.read_text()))
     with pytest.raises(SeriesError, match=message):
-        load_series(series_copy)
+        load_series(own_series)
 
 
 def test_series_id_flag_prints_the_id_alone(run_apply, series, pin):
@@ -105,14 +102,14 @@ def test_series_id_flag_prints_the_id_alone(run_apply, series, pin):
     assert (done.returncode, done.stdout) == (0, f"{series.series_id}\n"), done.stderr
 
 
-def test_series_id_follows_the_patch_contents(run_apply, series, series_copy, pin):
-    patch = _first_patch(series_copy)
+def test_series_id_follows_the_patch_contents(run_apply, series, own_series, pin):
+    patch = _first_patch(own_series)
     patch.write_text(patch.read_text() + "\n")
-    done = run_apply("--series-id", "--vllm", pin.version, "--patches", str(series_copy))
+    done = run_apply("--series-id", "--vllm", pin.version, "--patches", str(own_series))
     assert done.returncode == 0 and done.stdout.strip() not in ("", series.series_id), done.stderr
 
 
-def test_series_id_of_a_broken_series_is_refused(run_apply, series_copy):
-    (series_copy / "series").write_text(2 * (_first_patch(series_copy).name + "\n"))
-    done = run_apply("--series-id", "--patches", str(series_copy))
+def test_series_id_of_a_broken_series_is_refused(run_apply, own_series):
+    (own_series / "series").write_text(2 * (_first_patch(own_series).name + "\n"))
+    done = run_apply("--series-id", "--patches", str(own_series))
     assert (done.returncode, done.stdout) == (2, "") and "listed more than once" in done.stderr

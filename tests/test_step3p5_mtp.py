@@ -1,25 +1,27 @@
-"""Issue 4, Step-3.5: the MTP draft of a ModelOpt NVFP4 checkpoint whose MTP block is BF16 (seed 002)
-or NVFP4 (patches 0002-0006), and of compressed-tensors INT8 checkpoints (patches 0009, 0010), built
-and loaded.
+"""Step-3.5: the MTP draft of a ModelOpt NVFP4 checkpoint whose MTP block is BF16 (seed 002) or NVFP4,
+and of compressed-tensors INT8 checkpoints (their KV-cache scales, a quantized MTP head), built and
+loaded.
 
-tests/probes/step3p5_mtp.py writes tiny Step3p5ForCausalLM checkpoints with ModelOpt's NVFP4
-quantization_config (lm_head excluded) or a compressed-tensors INT8 W8A8 one, and only the tensors
-the draft loads, builds the draft the way the proposer does with draft_quant_config "auto",
-"inherit" or "none", and loads it through the engine's default loader. Only the NVFP4 GEMM kernel
-choice is stood in for (vLLM has none for CPU). One probe process per vLLM variant.
+The ``step3p5`` section of tests/probes/mtp_drafts.py writes tiny Step3p5ForCausalLM checkpoints with
+ModelOpt's NVFP4 quantization_config or a compressed-tensors INT8 W8A8 one and only the tensors the
+draft loads, builds the draft the way the proposer does with draft_quant_config "auto", "inherit" or
+"none", and loads it through the engine's default loader. Only the NVFP4 GEMM kernel choice is stood
+in for (vLLM has none for CPU).
 
-ModelOpt never quantizes an embedding or a head, so the MTP layer's shared_head.head, eh_proj (a
-plain torch Linear) and embed_tokens stay unquantized whatever the decision: only the decoder block
-follows the checkpoint.
+ModelOpt never quantizes an embedding, and the probe's NVFP4 checkpoints exclude the MTP head, so
+the MTP layer's shared_head.head, eh_proj (a plain torch Linear) and embed_tokens stay unquantized
+whatever the decision: only the decoder block follows the checkpoint.
 """
 
 from __future__ import annotations
 
 import pytest
 
-PROBE = "step3p5_mtp"
+SECTION = "step3p5"
 MTP_LAYER = "model.layers.1"
-NVFP4 = "ModelOptNvFp4LinearMethod"
+MTP_HEAD = f"{MTP_LAYER}.shared_head.head"
+# ModelOpt NVFP4's linear method: vLLM 0.32 renamed it.
+NVFP4_METHOD = {"v0.22.1": "ModelOptNvFp4LinearMethod", "v0.33.0": "ModelOptLinearMethod"}
 INT8 = "CompressedTensorsLinearMethod"
 UNQUANTIZED = {"UnquantizedLinearMethod", "UnquantizedEmbeddingMethod", "torch.nn.Linear"}
 BLOCK_LINEARS = {
@@ -43,74 +45,95 @@ KV_CACHE_PARAMETERS = {
 SHAPE_MISMATCH = "MTP draft parameter does not match the shape of checkpoint tensor"
 NO_PARAMETER = "MTP draft has no parameter for checkpoint tensor"
 NVFP4_SCALES = ("input_scale", "weight_scale", "weight_scale_2")
+KV_CACHE_SCALES_MISSING = f"Some parameters like {MTP_LAYER}.mtp_block.self_attn.attn."
+
+# How stock vLLM builds the MTP head of a checkpoint that quantized it, and the load that follows:
+# 0.22.1 builds the head without a name (no quant config entry can reach it), so its scale has no
+# parameter; since 0.27.1 the head has its name (upstream #48883) and the load stops, as for every
+# compressed-tensors checkpoint, at the KV-cache scales.
+STOCK_QUANTIZED_HEAD = {
+    "v0.22.1": ("UnquantizedEmbeddingMethod", "KeyError", f"'{MTP_HEAD}.weight_scale'"),
+    "v0.33.0": (INT8, "RuntimeError", KV_CACHE_SCALES_MISSING),
+}
 
 
 @pytest.fixture(scope="module")
-def run(vllm_probe):
+def run(mtp_drafts):
     """`run(variant, name)`: the draft of one probe run (see RUNS in the probe), built."""
 
     def built(variant: str, name: str) -> dict:
-        result = vllm_probe(PROBE, variant)["runs"][name]
-        assert "error" not in result, f"{name} draft not built: {result}"
+        result = mtp_drafts(variant)[SECTION]["runs"][name]
+        assert "build" not in result, f"{name} draft not built: {result['build']}"
         return result
 
     return built
 
 
 @pytest.fixture(scope="module")
-def hf_config(vllm_probe):
+def nvfp4(series_design) -> str:
+    return NVFP4_METHOD[series_design]
+
+
+@pytest.fixture(scope="module")
+def hf_config(mtp_drafts):
     """The probe checkpoints' config.json (a constant of the probe, the same under both variants)."""
-    return vllm_probe(PROBE, "patched")["hf_config"]
+    return mtp_drafts("patched")[SECTION]["hf_config"]
+
+
+# The block's attention layer, described with its KV-cache method: no weight of the checkpoint.
+MTP_ATTENTION = f"{MTP_LAYER}.mtp_block.self_attn.attn"
 
 
 def methods_outside_block(built: dict) -> set[str]:
     """Quant methods of the draft's embeddings, eh_proj and head."""
-    return {method for name, method in built["linears"].items() if name not in BLOCK_LINEARS}
+    block = BLOCK_LINEARS | {MTP_ATTENTION}
+    return {method for name, method in built["linears"].items() if name not in block}
 
 
-def loaded(built: dict) -> dict:
-    """The load of a draft that loaded, with the parameters and the names its loader filled."""
-    assert "error" not in built["load"], built["load"]
-    return built["load"]
+def block_methods(built: dict) -> set[str]:
+    return {built["linears"][name] for name in BLOCK_LINEARS}
 
 
-def gate_shard_shapes(hf_config: dict) -> tuple[list[int], list[int]]:
+def unloaded(built: dict) -> set[str]:
+    """The parameters of a draft that loaded which no checkpoint tensor reached."""
+    assert built["load"] == "ok", built["load"]
+    return set(built["unloaded"])
+
+
+def gate_shard_shapes(hf_config: dict) -> list[list[int]]:
     """(NVFP4 parameter shard, BF16 checkpoint tensor) of gate_proj: two FP4 values a byte."""
     intermediate, hidden = hf_config["intermediate_size"], hf_config["hidden_size"]
-    return [intermediate, hidden // 2], [intermediate, hidden]
+    return [[intermediate, hidden // 2], [intermediate, hidden]]
 
 
 def test_patched_draft_of_a_bf16_mtp_block_is_unquantized_and_loads_every_parameter(run):
     built = run("patched", "bf16+auto")
-    assert built["draft_quant_decision"] == {"mtp_layer": "none", "block": "none"}
-    assert BLOCK_LINEARS | {f"{MTP_LAYER}.shared_head.head"} <= set(built["linears"])
+    assert built["draft_quant_decision"] == "none"
+    assert BLOCK_LINEARS | {MTP_HEAD} <= set(built["linears"])
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
-    load = loaded(built)
-    assert load["loaded"] == load["parameters"]
+    assert unloaded(built) == set()
 
 
-def test_patched_draft_of_an_nvfp4_mtp_block_keeps_modelopt_nvfp4_and_loads(run):
+def test_patched_draft_of_an_nvfp4_mtp_block_keeps_modelopt_nvfp4_and_loads(run, nvfp4):
     built = run("patched", "nvfp4+auto")
-    # The survey finds NVFP4 block linears (and BF16 eh_proj and head, which ModelOpt never quantizes).
-    assert built["draft_quant_decision"] == {"mtp_layer": "inherit", "block": "inherit"}
-    assert {name: built["linears"][name] for name in BLOCK_LINEARS} == dict.fromkeys(BLOCK_LINEARS, NVFP4)
+    # The survey finds NVFP4 block linears (and BF16 eh_proj and head, which it takes as no evidence).
+    assert built["draft_quant_decision"] == "inherit"
+    assert block_methods(built) == {nvfp4}
     assert methods_outside_block(built) <= UNQUANTIZED, built["linears"]
-    load = loaded(built)
-    assert set(load["loaded"]) <= set(load["parameters"])
-    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+    assert unloaded(built) <= KV_CACHE_PARAMETERS
 
 
-def test_patched_inherit_on_a_bf16_mtp_block_fails_loudly_naming_the_tensor(run, hf_config):
+def test_patched_inherit_on_a_bf16_mtp_block_fails_loudly_naming_the_tensor(run, nvfp4, hf_config):
     """Forcing the target's NVFP4 onto a BF16 block: the first column-parallel tensor (gate_proj)
     meets its packed parameter, and the loader names it instead of a bare AssertionError."""
     built = run("patched", "bf16+inherit")
-    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
+    assert block_methods(built) == {nvfp4}
     load = built["load"]
     assert load["error_type"] == "ValueError"
     assert load["error"].startswith(f"{SHAPE_MISMATCH} {MTP_LAYER}.mlp.gate_proj.weight (torch.bfloat16, ")
     assert "draft_quant_config" in load["error"]
     assert load["parameter"] == f"{MTP_LAYER}.mtp_block.mlp.gate_up_proj.weight"
-    assert [load["param_shape"], load["loaded_shape"]] == list(gate_shard_shapes(hf_config))
+    assert [load["param_shape"], load["loaded_shape"]] == gate_shard_shapes(hf_config)
 
 
 def test_patched_none_on_an_nvfp4_mtp_block_fails_loudly_naming_an_nvfp4_scale(run):
@@ -126,15 +149,15 @@ def test_patched_none_on_an_nvfp4_mtp_block_fails_loudly_naming_an_nvfp4_scale(r
     assert "draft_quant_config" in load["error"]
 
 
-def test_unpatched_bf16_mtp_block_fails_with_seed_002s_shape_assertion(run, hf_config):
+def test_unpatched_bf16_mtp_block_fails_with_seed_002s_shape_assertion(run, nvfp4, hf_config):
     """Stock vLLM builds the BF16 block as NVFP4 and asserts param (..., N/2) == loaded (..., N) on
     gate_up_proj, as seed 002 reports for Step-3.7-Flash ((11264, 2048) vs (11264, 4096))."""
     built = run("unpatched", "bf16+auto")
-    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
+    assert block_methods(built) == {nvfp4}
     load = built["load"]
     assert (load["error_type"], load["error"]) == ("AssertionError", "")
     assert load["parameter"] == f"{MTP_LAYER}.mtp_block.mlp.gate_up_proj.weight"
-    assert [load["param_shape"], load["loaded_shape"]] == list(gate_shard_shapes(hf_config))
+    assert [load["param_shape"], load["loaded_shape"]] == gate_shard_shapes(hf_config)
 
 
 @pytest.mark.parametrize(("variant", "name"), [("unpatched", "bf16+auto"), ("patched", "bf16+inherit")])
@@ -146,16 +169,15 @@ def test_a_bf16_down_proj_fills_its_packed_nvfp4_parameter_without_error(run, va
     assert f"{MTP_LAYER}.mtp_block.mlp.down_proj.weight" in load["loaded_before"]
 
 
-def test_unpatched_vllm_loads_an_nvfp4_mtp_block(run):
+def test_unpatched_vllm_loads_an_nvfp4_mtp_block(run, nvfp4):
     """Stock vLLM handles a checkpoint whose MTP block really is NVFP4: seed 002 is BF16-only."""
     built = run("unpatched", "nvfp4+auto")
-    assert set(built["linears"][name] for name in BLOCK_LINEARS) == {NVFP4}
-    load = loaded(built)
-    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+    assert block_methods(built) == {nvfp4}
+    assert unloaded(built) <= KV_CACHE_PARAMETERS
 
 
-def test_unpatched_vllm_has_no_draft_quant_config(vllm_probe):
-    assert set(vllm_probe(PROBE, "unpatched")["runs"]) == {
+def test_unpatched_vllm_has_no_draft_quant_config(mtp_drafts):
+    assert set(mtp_drafts("unpatched")[SECTION]["runs"]) == {
         "bf16+auto",
         "nvfp4+auto",
         "int8+auto",
@@ -166,9 +188,8 @@ def test_unpatched_vllm_has_no_draft_quant_config(vllm_probe):
 @pytest.mark.parametrize("name", ["int8+auto", "int8_with_head+auto"])
 def test_patched_draft_of_an_int8_mtp_block_loads(run, name):
     built = run("patched", name)
-    assert {built["linears"][linear] for linear in BLOCK_LINEARS} == {INT8}
-    load = loaded(built)
-    assert set(load["parameters"]) - set(load["loaded"]) <= KV_CACHE_PARAMETERS
+    assert block_methods(built) == {INT8}
+    assert unloaded(built) <= KV_CACHE_PARAMETERS
 
 
 def test_unpatched_int8_mtp_block_fails_on_its_kv_cache_scales(run):
@@ -176,19 +197,18 @@ def test_unpatched_int8_mtp_block_fails_on_its_kv_cache_scales(run):
     builds them with requires_grad=True (and adds zero points)."""
     load = run("unpatched", "int8+auto")["load"]
     assert load["error_type"] == "RuntimeError"
-    assert load["error"].startswith(f"Some parameters like {MTP_LAYER}.mtp_block.self_attn.attn.")
+    assert load["error"].startswith(KV_CACHE_SCALES_MISSING)
     assert "are not in the checkpoint" in load["error"]
 
 
 def test_patched_head_is_quantized_when_the_checkpoint_quantized_it(run):
     """The quantizer's target for the MTP head reaches the draft's head under its name."""
-    assert run("patched", "int8_with_head+auto")["linears"][f"{MTP_LAYER}.shared_head.head"] == INT8
+    assert run("patched", "int8_with_head+auto")["linears"][MTP_HEAD] == INT8
 
 
-def test_unpatched_head_built_without_a_name_misses_its_quantization(run):
+def test_unpatched_head_of_a_quantized_head_is_built_and_loaded_as_the_release_can(run, series_design):
     built = run("unpatched", "int8_with_head+auto")
-    assert built["linears"][f"{MTP_LAYER}.shared_head.head"] == "UnquantizedEmbeddingMethod"
-    assert built["load"] == {
-        "error_type": "KeyError",
-        "error": f"'{MTP_LAYER}.shared_head.head.weight_scale'",
-    }
+    method, error_type, error_start = STOCK_QUANTIZED_HEAD[series_design]
+    assert built["linears"][MTP_HEAD] == method
+    assert built["load"]["error_type"] == error_type
+    assert built["load"]["error"].startswith(error_start)

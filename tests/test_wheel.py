@@ -34,17 +34,18 @@ def wheel(run_apply, newest_pin, tmp_path_factory) -> Path:
     return build(run_apply, newest_pin, tmp_path_factory.mktemp("dist"))
 
 
-def test_name_and_metadata_carry_the_series(wheel, newest_pin, series):
+def test_name_and_metadata_carry_the_series(wheel, newest_pin, newest_series):
     assert (
-        wheel.name == f"vllm-{newest_pin.version}+mtpq.{series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
+        wheel.name
+        == f"vllm-{newest_pin.version}+mtpq.{newest_series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
     )
-    info = f"vllm-{newest_pin.version}+mtpq.{series.series_id}.dist-info"
+    info = f"vllm-{newest_pin.version}+mtpq.{newest_series.series_id}.dist-info"
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(f"{info}/METADATA").decode()
         carried = json.loads(archive.read(f"{info}/mtpq.json"))
-    assert f"\nVersion: {newest_pin.version}+mtpq.{series.series_id}\n" in metadata
-    assert [p["name"] for p in carried["patches"]] == [p.name for p in series.patches]
-    assert all(p.name in metadata for p in series.patches)
+    assert f"\nVersion: {newest_pin.version}+mtpq.{newest_series.series_id}\n" in metadata
+    assert [p["name"] for p in carried["patches"]] == [p.name for p in newest_series.patches]
+    assert all(p.name in metadata for p in newest_series.patches)
 
 
 def test_record_lists_every_file_with_its_hash(wheel):
@@ -60,8 +61,8 @@ def test_record_lists_every_file_with_its_hash(wheel):
             assert (digest, size) == (f"sha256={expected}", str(len(data))), name
 
 
-def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, newest_pin, series):
-    replaced = patched_files(newest_pin, series)
+def test_official_files_are_inside_unchanged_and_patched_files_replaced(wheel, newest_pin, newest_series):
+    replaced = patched_files(newest_pin, newest_series)
     with zipfile.ZipFile(fetch(newest_pin.wheel(ARCH))) as official, zipfile.ZipFile(wheel) as ours:
         ours_by_name = {info.filename: info for info in ours.infolist()}
         for info in official.infolist():
@@ -80,7 +81,7 @@ def test_two_builds_are_byte_identical(wheel, run_apply, newest_pin, tmp_path):
     assert build(run_apply, newest_pin, tmp_path).read_bytes() == wheel.read_bytes()
 
 
-def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, newest_pin, series, tmp_path):
+def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, newest_pin, newest_series, tmp_path):
     target = tmp_path / "site"
     subprocess.run(
         [
@@ -97,7 +98,7 @@ def test_wheel_installs_with_pip_and_carries_the_patched_files(wheel, newest_pin
         ],
         check=True,
     )
-    for relative, data in patched_files(newest_pin, series).items():
+    for relative, data in patched_files(newest_pin, newest_series).items():
         assert (target / relative).read_bytes() == data, relative
 
 

@@ -1,45 +1,42 @@
-"""Probe: DeepSeek-V4 MTP on quantized checkpoints whose MTP layer is BF16 (issue 4).
+"""Probe section: DeepSeek-V4 MTP on quantized checkpoints whose MTP layer is BF16. Three parts:
 
-Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH). Three parts:
-
-* ``maths``: the BF16 o_proj (``inv_rope_grouped_wo_a``) on fresh random inputs of DeepSeek-V4-Flash
-  shapes and ratios, against a float64 reference written here independently (complex rotation),
-  into an output poisoned with NaN first.
+* ``maths``: the BF16 wo_a projection (inverse RoPE, then one matmul per output group) on fresh random
+  inputs of DeepSeek-V4-Flash shapes and ratios, against a float64 reference written here
+  independently (complex rotation). Under the v0.22.1 series that is the series' own
+  ``inv_rope_grouped_wo_a`` (into an output poisoned with NaN first); under vLLM 0.32+ upstream's
+  ``deep_gemm_fp8_o_proj`` BF16 branch, whose inverse RoPE is a Triton kernel and is stood in for by an
+  exact one (so there the grouping and the matmuls are what is checked).
 * ``drafts``: tiny DeepSeek-V4 checkpoints (a main-model quantization config and the MTP layer's
-  tensors ``mtp.0.*`` with real shapes) built into the MTP draft the way the proposer builds it,
-  loaded by the engine's default loader, then the MTP block's attention output projection run:
-  which path it takes (BF16 fallback or FP8 kernels, and with which scale), and for BF16 how far
-  its output is from a float64 reference computed from the loaded weights, and whether
-  torch.compile (Dynamo, full graph, aot_eager) traces it to the same output.
-* ``scale_name``: the dispatch rule on a wo_a whose FP8 scale or dtype is unusable.
+  tensors ``mtp.0.*`` with real shapes) built into the MTP draft as CUDA builds it
+  (mtp_vllm.deepseek_v4_stand_ins), loaded by the engine's default loader, then the MTP block's
+  attention output projection run: which path it takes (BF16 or FP8 kernels, and with which scale),
+  and for BF16 how far its output is from a float64 reference computed from the loaded weights, and
+  whether torch.compile (Dynamo, full graph, aot_eager) traces it to the same output.
+* ``scale_name``: the v0.22.1 series' build-time rule on a wo_a whose FP8 scale or dtype is unusable.
 
-Stood in for, CUDA-bound only: torch.cuda Stream/Event, the device capability (sm_90), the FP8
-linear kernel selection (no CPU FP8 block kernel without AMX), and while the projection runs the
-attention kernel op (it returns the probe's attention output), the fused inverse-RoPE FP8 quant
-kernel and the DeepGEMM FP8 einsum op (both record their inputs).
-
-Last stdout line: one JSON object with the three parts and ``vllm_file``.
+Stood in for, CUDA-bound only, while the projection runs: the attention kernel op (vLLM 0.22.1 runs the
+projection inside the attention wrapper: the stand-in returns the probe's attention output), the fused
+inverse-RoPE FP8 quant kernel and the DeepGEMM FP8 einsum (both record their inputs), and on vLLM 0.32+
+the inverse RoPE of the BF16 branch (a custom op, as the Triton kernel is, so torch.compile sees the
+same graph boundary).
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
+import importlib.util
 import json
 import math
 import os
-import sys
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
 from mtp_draft_construction import ARCHITECTURES
-from mtp_vllm import (
-    build_mtp_draft,
-    describe_linears,
-    failure,
-    init_single_process_distributed,
-    load_mtp_draft_weights,
-)
+from mtp_vllm import CT_FP8_BLOCK_GROUP, build_and_load, deepseek_v4_stand_ins, failure
 from safetensors.torch import save_file
 
 # Per attention layer of DeepSeek-V4-Flash: 64 heads of 512 (448 NoPE + 64 RoPE) in 8 output
@@ -57,51 +54,23 @@ MATHS_SHAPES = {
 }
 MAX_POSITION = 4096
 
-# The construction probe's tiny DeepSeek-V4, widened to multiples of 128 so FP8 128x128 blocks fit
-# every linear.
-BASE_CONFIG = ARCHITECTURES["deepseek_v4"].hf_config
-NUM_HIDDEN_LAYERS = BASE_CONFIG["num_hidden_layers"]
+# The construction probe's tiny DeepSeek-V4, whose widths are multiples of 128 so FP8 128x128 blocks
+# fit every linear.
+TINY_DSV4_CONFIG = ARCHITECTURES["deepseek_v4"].hf_config
+NUM_HIDDEN_LAYERS = TINY_DSV4_CONFIG["num_hidden_layers"]
 DRAFT_LAYER = f"model.layers.{NUM_HIDDEN_LAYERS}"
-HIDDEN = 128
-HEAD_DIM = 128
-ROPE_DIM = 64
-O_LORA_RANK = 128
-Q_LORA_RANK = 128
-MOE_INTERMEDIATE = 128
-HEADS = BASE_CONFIG["num_attention_heads"]
-O_GROUPS = BASE_CONFIG["o_groups"]
-ROUTED_EXPERTS = BASE_CONFIG["n_routed_experts"]
-HC_MULT = BASE_CONFIG["hc_mult"]
-VOCAB = BASE_CONFIG["vocab_size"]
-TINY_DSV4_CONFIG = {
-    **BASE_CONFIG,
-    "hidden_size": HIDDEN,
-    "head_dim": HEAD_DIM,
-    "qk_rope_head_dim": ROPE_DIM,
-    "q_lora_rank": Q_LORA_RANK,
-    "o_lora_rank": O_LORA_RANK,
-    "moe_intermediate_size": MOE_INTERMEDIATE,
-}
+HIDDEN = TINY_DSV4_CONFIG["hidden_size"]
+HEAD_DIM = TINY_DSV4_CONFIG["head_dim"]
+O_LORA_RANK = TINY_DSV4_CONFIG["o_lora_rank"]
+Q_LORA_RANK = TINY_DSV4_CONFIG["q_lora_rank"]
+MOE_INTERMEDIATE = TINY_DSV4_CONFIG["moe_intermediate_size"]
+HEADS = TINY_DSV4_CONFIG["num_attention_heads"]
+O_GROUPS = TINY_DSV4_CONFIG["o_groups"]
+ROUTED_EXPERTS = TINY_DSV4_CONFIG["n_routed_experts"]
+HC_MULT = TINY_DSV4_CONFIG["hc_mult"]
+VOCAB = TINY_DSV4_CONFIG["vocab_size"]
 
-FP8_BLOCK = {
-    "format": "float-quantized",
-    "targets": ["Linear"],
-    "weights": {
-        "num_bits": 8,
-        "type": "float",
-        "symmetric": True,
-        "strategy": "block",
-        "block_structure": [128, 128],
-    },
-    "input_activations": {
-        "num_bits": 8,
-        "type": "float",
-        "symmetric": True,
-        "strategy": "group",
-        "group_size": 128,
-        "dynamic": True,
-    },
-}
+FP8_BLOCK = CT_FP8_BLOCK_GROUP
 W4A16_EXPERTS = {
     "format": "pack-quantized",
     "targets": [r"re:.*\.experts\..*"],
@@ -232,24 +201,6 @@ def write_checkpoint(checkpoint_dir: Path, quantization: str, mtp_storage: str, 
     save_file(tensors, checkpoint_dir / "model.safetensors")
 
 
-def cuda_bound_stand_ins():
-    from vllm.platforms import current_platform
-    from vllm.platforms.interface import DeviceCapability
-
-    return [
-        mock.patch("torch.cuda.Stream"),
-        mock.patch("torch.cuda.Event"),
-        mock.patch.object(
-            type(current_platform), "get_device_capability", return_value=DeviceCapability(9, 0)
-        ),
-        mock.patch("vllm.model_executor.layers.quantization.fp8.init_fp8_linear_kernel"),
-        mock.patch(
-            "vllm.model_executor.layers.quantization.compressed_tensors.schemes."
-            "compressed_tensors_w8a8_fp8.init_fp8_linear_kernel"
-        ),
-    ]
-
-
 def inverse_rope_float64(o, positions, cos_sin_cache):
     """Rotate each interleaved (even, odd) RoPE pair back by its angle, as complex numbers."""
     rope_dim = cos_sin_cache.shape[-1]
@@ -275,11 +226,131 @@ def relative_error(value: torch.Tensor, reference: torch.Tensor) -> float:
     return ((value.double() - reference).norm() / reference.norm()).item()
 
 
+# vLLM 0.32+ runs the o_proj in this module (models/deepseek_v4/nvidia/ops/o_proj.py); 0.22.1 inside
+# the attention wrapper of models/deepseek_v4/attention.py.
+UPSTREAM_O_PROJ = "vllm.models.deepseek_v4.nvidia.ops.o_proj"
+FP8_KERNELS = ["inverse_rope_fp8_quant", "fp8_einsum"]
+
+
+def has_upstream_o_proj() -> bool:
+    return importlib.util.find_spec(UPSTREAM_O_PROJ) is not None
+
+
+@functools.cache
+def inverse_rope_op():
+    """The BF16 branch's inverse RoPE (a Triton kernel behind a custom op upstream), exact and as a
+    custom op of its own: [T, H, D] -> [T, G, H / G * D]."""
+
+    @torch.library.custom_op("mtpq_probe::inverse_rope", mutates_args=())
+    def inverse_rope(
+        o: torch.Tensor, positions: torch.Tensor, cos_sin_cache: torch.Tensor, n_groups: int
+    ) -> torch.Tensor:
+        rotated = inverse_rope_float64(o, positions, cos_sin_cache).to(o.dtype)
+        return rotated.reshape(o.shape[0], n_groups, -1)
+
+    @inverse_rope.register_fake
+    def _(o, positions, cos_sin_cache, n_groups):
+        return o.new_empty(o.shape[0], n_groups, o.shape[1] // n_groups * o.shape[2])
+
+    return inverse_rope
+
+
+class OProjKernels:
+    """Stand-ins for the CUDA kernels around the o_proj: record what the projection hands them."""
+
+    def __init__(self, attention_output: torch.Tensor | None):
+        self.attention_output = attention_output
+        self.fp8_scale = None
+        self.calls = []
+        if has_upstream_o_proj():
+            # Registered up front: torch.compile must not trace the registration.
+            self.inverse_rope = inverse_rope_op()
+
+    def stand_ins(self) -> list[contextlib.AbstractContextManager]:
+        from vllm.platforms import current_platform
+
+        if has_upstream_o_proj():
+            return [
+                mock.patch(f"{UPSTREAM_O_PROJ}.fused_inv_rope_fp8_quant", self.upstream_inverse_rope),
+                mock.patch(f"{UPSTREAM_O_PROJ}.fp8_einsum", self.upstream_fp8_einsum),
+            ]
+        return [
+            # As on CUDA: unquantized linears multiply by their weight (0.22.1's CPU platform would
+            # have repacked it at load and expects its own GEMM).
+            mock.patch.object(type(current_platform), "is_cpu", lambda platform: False),
+            mock.patch.object(torch.ops.vllm, "deepseek_v4_attention", self.attention),
+            mock.patch.object(torch.ops.vllm, "deepseek_v4_fp8_einsum", self.fp8_einsum),
+            mock.patch("vllm.models.deepseek_v4.attention.fused_inv_rope_fp8_quant", self.inv_rope_fp8_quant),
+        ]
+
+    # vLLM 0.22.1
+    def attention(self, hidden_states, positions, o_padded, layer_name):
+        o_padded.zero_()
+        o_padded[:, : self.attention_output.shape[1]] = self.attention_output
+
+    def inv_rope_fp8_quant(self, o, *args, **kwargs):
+        self.calls.append("inverse_rope_fp8_quant")
+        return torch.empty(0), torch.empty(0)
+
+    def fp8_einsum(self, o_fp8, o_scale, weight, weight_scale, out, equation, recipe):
+        self.calls.append("fp8_einsum")
+        self.fp8_scale = weight_scale
+        out.zero_()
+
+    # vLLM 0.32+
+    def upstream_inverse_rope(self, o, positions, cos_sin_cache, *, n_groups, quantize, **layout):
+        if not quantize:
+            return self.inverse_rope(o, positions, cos_sin_cache, n_groups), o.new_empty(0)
+        self.calls.append("inverse_rope_fp8_quant")
+        rotated = o.new_empty(o.shape[0], n_groups, o.shape[1] // n_groups * o.shape[2])
+        return rotated.to(torch.float8_e4m3fn), torch.empty(0)
+
+    def upstream_fp8_einsum(self, equation, activation, weight, out, recipe):
+        self.calls.append("fp8_einsum")
+        self.fp8_scale = weight[1]
+        out.zero_()
+
+
+def bf16_wo_a_projection():
+    """(o, positions, cos_sin_cache, wo_a_weight, groups, o_lora_rank) -> [T, G, o_lora_rank], the
+    BF16 wo_a projection this vLLM has; ImportError where it has none."""
+    if has_upstream_o_proj():
+        deep_gemm_fp8_o_proj = importlib.import_module(UPSTREAM_O_PROJ).deep_gemm_fp8_o_proj
+
+        def project(o, positions, cos_sin_cache, wo_a_weight, groups, o_lora_rank):
+            z = deep_gemm_fp8_o_proj(
+                o,
+                positions,
+                cos_sin_cache,
+                SimpleNamespace(weight=wo_a_weight),
+                lambda flat: flat,  # wo_b: the probe checks z itself
+                n_groups=groups,
+                heads_per_group=o.shape[1] // groups,
+                nope_dim=o.shape[2] - cos_sin_cache.shape[-1],
+                rope_dim=cos_sin_cache.shape[-1],
+                o_lora_rank=o_lora_rank,
+                einsum_recipe=(1, 128, 128),
+                tma_aligned_scales=False,
+            )
+            return z.view(o.shape[0], groups, o_lora_rank)
+
+        return project
+    from vllm.models.deepseek_v4.attention import inv_rope_grouped_wo_a
+
+    def project(o, positions, cos_sin_cache, wo_a_weight, groups, o_lora_rank):
+        out = torch.full((o.shape[0], groups, o_lora_rank), float("nan"), dtype=torch.bfloat16)
+        inv_rope_grouped_wo_a(o, positions, cos_sin_cache, wo_a_weight, out)
+        return out
+
+    return project
+
+
 def run_maths(generator) -> dict:
     try:
-        from vllm.models.deepseek_v4.attention import inv_rope_grouped_wo_a
+        project = bf16_wo_a_projection()
     except ImportError as error:
         return failure(error)
+    kernels = OProjKernels(attention_output=None)
     results = {}
     for name, shape in MATHS_SHAPES.items():
         tokens, heads, groups = shape["tokens"], shape["heads"], shape["groups"]
@@ -291,58 +362,62 @@ def run_maths(generator) -> dict:
             torch.randn(groups * shape["o_lora_rank"], in_features, generator=generator)
             / math.sqrt(in_features)
         ).to(torch.bfloat16)
-        out = torch.full((tokens, groups, shape["o_lora_rank"]), float("nan"), dtype=torch.bfloat16)
-        inv_rope_grouped_wo_a(o, positions, cos_sin_cache, wo_a_weight, out)
+        with contextlib.ExitStack() as stack:
+            for stand_in in kernels.stand_ins():
+                stack.enter_context(stand_in)
+            out = project(o, positions, cos_sin_cache, wo_a_weight, groups, shape["o_lora_rank"])
         reference = o_proj_a_float64(o, positions, cos_sin_cache, wo_a_weight, groups)
         results[name] = {
             "unwritten": int(out.isnan().sum()),
             "relative_error": relative_error(out.nan_to_num(), reference),
+            "fp8_kernels": kernels.calls,
         }
     return results
 
 
-class OProjKernels:
-    """Stand-ins for the CUDA kernels around the o_proj: record what the projection hands them."""
+def o_proj_of(attention_layer, hidden_states):
+    """The MTP block's attention output projection as (o, positions) -> output: vLLM 0.32+'s layer
+    method; under 0.22.1 the attention wrapper's forward, whose attention kernel the stand-in makes
+    return o."""
+    if has_upstream_o_proj():
+        return attention_layer._o_proj
+    return lambda o, positions: attention_layer.mla_attn(positions, hidden_states)
 
-    def __init__(self, attention_output: torch.Tensor):
-        self.attention_output = attention_output
-        self.fp8_scale = None
-        self.calls = []
 
-    def attention(self, hidden_states, positions, o_padded, layer_name):
-        o_padded.zero_()
-        o_padded[:, : self.attention_output.shape[1]] = self.attention_output
+def vllm_compiles_deepseek_v4() -> bool:
+    """Whether vLLM torch.compiles DeepSeek-V4's forward (0.22.1 does, with full graphs; 0.32 runs it
+    eagerly between breakable CUDA graphs)."""
+    from vllm.compilation.wrapper import TorchCompileWithNoGuardsWrapper
+    from vllm.models.deepseek_v4.nvidia.model import DeepseekV4Model
 
-    def inv_rope_fp8_quant(self, o, *args, **kwargs):
-        self.calls.append("fused_inv_rope_fp8_quant")
-        return torch.empty(0), torch.empty(0)
+    return issubclass(DeepseekV4Model, TorchCompileWithNoGuardsWrapper)
 
-    def fp8_einsum(self, o_fp8, o_scale, weight, weight_scale, out, equation, recipe):
-        self.calls.append("deepseek_v4_fp8_einsum")
-        self.fp8_scale = weight_scale
-        out.zero_()
+
+def prepare_wo_b(attention_layer) -> torch.Tensor:
+    """wo_b's weight as loaded; on vLLM 0.32+, whose unquantized linears pick their GEMM when built,
+    a BF16 wo_b is then packed for the CPU GEMM as the CPU engine does after loading."""
+    from vllm.model_executor.layers.linear import UnquantizedLinearMethod
+
+    wo_b = attention_layer.wo_b
+    weight = wo_b.weight.detach().clone()
+    if has_upstream_o_proj() and isinstance(wo_b.quant_method, UnquantizedLinearMethod):
+        wo_b.quant_method.process_weights_after_loading(wo_b)
+    return weight
 
 
 def run_o_proj(attention_layer, generator) -> dict:
     """Run the MTP block's attention output projection on a random attention output; a BF16 one
-    also compiled (Dynamo, full graph) as vLLM compiles the model's forward."""
-    from vllm.platforms import current_platform
-
-    wrapper = attention_layer.mla_attn
+    also compiled (Dynamo, full graph) as vLLM compiles the model's forward where it does."""
     tokens = 5
     o = torch.randn(tokens, HEADS, HEAD_DIM, generator=generator).to(torch.bfloat16)
     positions = torch.randint(0, 256, (tokens,), generator=generator)
-    hidden_states = torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16)
     kernels = OProjKernels(o)
-    with (
-        # As on CUDA: unquantized linears multiply by their weight (the CPU platform would have
-        # repacked it at load and expects its own GEMM).
-        mock.patch.object(type(current_platform), "is_cpu", lambda platform: False),
-        mock.patch.object(torch.ops.vllm, "deepseek_v4_attention", kernels.attention),
-        mock.patch.object(torch.ops.vllm, "deepseek_v4_fp8_einsum", kernels.fp8_einsum),
-        mock.patch("vllm.models.deepseek_v4.attention.fused_inv_rope_fp8_quant", kernels.inv_rope_fp8_quant),
-    ):
-        output = wrapper(positions, hidden_states)
+    o_proj = o_proj_of(attention_layer, torch.zeros(tokens, HIDDEN, dtype=torch.bfloat16))
+    wo_b_weight = prepare_wo_b(attention_layer)
+    with contextlib.ExitStack() as stack:
+        for stand_in in kernels.stand_ins():
+            stack.enter_context(stand_in)
+        output = o_proj(o, positions)
         wo_a = attention_layer.wo_a
         result = {"fp8_kernels": kernels.calls, "fp8_scale": None}
         for scale_name in ("weight_scale_inv", "weight_scale"):
@@ -350,51 +425,38 @@ def run_o_proj(attention_layer, generator) -> dict:
                 result["fp8_scale"] = scale_name
         if kernels.calls:
             return result
-        z = o_proj_a_float64(o, positions, wrapper.rotary_emb.cos_sin_cache, wo_a.weight, O_GROUPS)
-        reference = z.flatten(1) @ attention_layer.wo_b.weight.double().T
-        result["relative_error"] = relative_error(output, reference)
-        compiled = torch.compile(wrapper, fullgraph=True, backend="aot_eager")
+        cos_sin_cache = attention_layer.rotary_emb.cos_sin_cache
+        z = o_proj_a_float64(o, positions, cos_sin_cache, wo_a.weight, O_GROUPS)
+        result["relative_error"] = relative_error(output, z.flatten(1) @ wo_b_weight.double().T)
+        result["compiled_by_vllm"] = vllm_compiles_deepseek_v4()
+        compiled = torch.compile(o_proj, fullgraph=True, backend="aot_eager")
         try:
-            result["compiled_equals_eager"] = torch.equal(compiled(positions, hidden_states), output)
+            result["compiled_equals_eager"] = torch.equal(compiled(o, positions), output)
         except Exception as exc:  # noqa: BLE001
             result["compiled_equals_eager"] = failure(exc)
     return result
 
 
 def run_draft_scenario(quantization: str, mtp_storage: str, generator) -> dict:
-    result = {}
-    with tempfile.TemporaryDirectory(prefix="mtpq-dsv4-") as checkpoint_dir:
-        checkpoint_dir = Path(checkpoint_dir)
-        write_checkpoint(checkpoint_dir, quantization, mtp_storage, generator)
+    def wo_a_and_o_proj(draft) -> dict:
+        attention_layer = draft.model.layers[str(NUM_HIDDEN_LAYERS)].mtp_block.attn
         try:
-            draft, vllm_config = build_mtp_draft(checkpoint_dir, cuda_bound_stand_ins(), cache_dtype="fp8")
+            o_proj = run_o_proj(attention_layer, generator)
         # Any failure is a finding to report, not a probe crash.
         except Exception as exc:  # noqa: BLE001
-            return {"build": failure(exc)}
-        decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
-        result["draft_quant_decision"] = decision and {
-            "mtp_layer": decision.mtp_layer,
-            "block": decision.block,
-        }
-        result["quant_methods"] = describe_linears(draft)
-        attention_layer = draft.model.layers[str(NUM_HIDDEN_LAYERS)].mtp_block.attn
-        result["wo_a_weight_dtype"] = str(attention_layer.wo_a.weight.dtype)
-        try:
-            loaded = load_mtp_draft_weights(draft, vllm_config)
-            result["load"] = "ok"
-            result["unloaded_parameters"] = sorted({name for name, _ in draft.named_parameters()} - loaded)
-        except Exception as exc:  # noqa: BLE001
-            result["load"] = failure(exc)
-            return result
-        try:
-            result["o_proj"] = run_o_proj(attention_layer, generator)
-        except Exception as exc:  # noqa: BLE001
-            result["o_proj"] = failure(exc)
-    return result
+            o_proj = failure(exc)
+        return {"wo_a_weight_dtype": str(attention_layer.wo_a.weight.dtype), "o_proj": o_proj}
+
+    with tempfile.TemporaryDirectory(prefix="mtpq-dsv4-") as checkpoint_dir:
+        write_checkpoint(Path(checkpoint_dir), quantization, mtp_storage, generator)
+        return build_and_load(
+            Path(checkpoint_dir), deepseek_v4_stand_ins, cache_dtype="fp8", after_load=wo_a_and_o_proj
+        )
 
 
 def run_scale_name_rule() -> dict:
-    """wo_a_fp8_scale_name on an FP8 wo_a stripped of its scale, and on a uint8 (packed) weight."""
+    """The v0.22.1 series' wo_a_fp8_scale_name on an FP8 wo_a stripped of its scale, and on a uint8
+    (packed) weight."""
     try:
         from vllm.models.deepseek_v4.attention import wo_a_fp8_scale_name
     except ImportError as error:
@@ -414,14 +476,11 @@ def run_scale_name_rule() -> dict:
     return results
 
 
-def main() -> None:
-    import vllm
-
+def probe() -> dict:
     # Fresh inputs every run; the seed is reported so a failure can be replayed.
     seed = int.from_bytes(os.urandom(4), "little")
     generator = torch.Generator().manual_seed(seed)
-    init_single_process_distributed()
-    result = {
+    return {
         "seed": seed,
         "maths": run_maths(generator),
         "drafts": {
@@ -429,11 +488,4 @@ def main() -> None:
             for name, (quantization, mtp_storage) in DRAFT_SCENARIOS.items()
         },
         "scale_name": run_scale_name_rule(),
-        "vllm_file": vllm.__file__,
     }
-    sys.stdout.flush()
-    print(json.dumps(result, sort_keys=True))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,47 +1,42 @@
-"""Probe: the quant method each linear of an MTP draft is built with, per checkpoint.
+"""Probe section: the quant method each linear of an MTP draft is built with, per checkpoint layout.
 
-Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH).
-For every architecture in ARCHITECTURES and every scenario in SCENARIOS it
-writes a tiny checkpoint: config.json with a compressed-tensors INT8 W8A8
-quantization_config (the main model's), and a model.safetensors holding the MTP
-layer's tensors in the scenario's format (BF16, INT8, or INT8 projections around
-a BF16 decoder block); only its header is read. It then builds the real
-ModelConfig, SpeculativeConfig(method="mtp") and VllmConfig, runs the target
-class's configure_quant_config as target loading does, and builds the draft as
-the proposer does: ``initialize_model`` on CPU with the draft's model_config and
-``mtp_draft_vllm_config(vllm_config)``, or ``vllm_config`` as is where vLLM has
-no ``mtp_draft_vllm_config`` (stock vLLM). Only CUDA-bound pieces are stood in
+For every architecture in ARCHITECTURES and every scenario in SCENARIOS it writes a tiny checkpoint:
+config.json with a compressed-tensors quantization_config (the main model's: INT8 W8A8, FP8 block for
+DeepSeek-V4), and a model.safetensors holding the MTP layer's tensors in the scenario's format (BF16,
+quantized, or quantized projections around a BF16 decoder block); only its header is read. It then
+builds the draft as the proposer does (mtp_vllm.build_mtp_draft). Only CUDA-bound pieces are stood in
 for; each architecture names its own.
 
-Last stdout line: one JSON object, ``{"vllm_file": ..., "drafts": {architecture:
-{scenario: {"draft_quant_decision": ..., "linears": {module name: quant method
-class name}}}}}``, with ``{"error_type": ..., "error": ...}`` for a scenario
-whose construction raised.
+Result: ``{architecture: {scenario: {"draft_quant_decision": ..., "linears": {module name: quant
+method class name}}}}``, with ``{"error_type": ..., "error": ...}`` for a scenario whose construction
+raised.
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
 import torch
 from mtp_vllm import (
+    CT_FP8_BLOCK_GROUP,
     INT8_W8A8_QUANTIZATION_CONFIG,
+    MLA_ATTENTION_BACKEND,
     build_mtp_draft,
+    deepseek_v4_stand_ins,
     describe_linears,
+    draft_quant_decision,
     failure,
-    init_single_process_distributed,
 )
 from safetensors.torch import save_file
 
-# vLLM cannot build INT8 MoE experts on CPU ("No Int8 MoE backend supports the
-# deployment configuration"), so every checkpoint here keeps its routed experts
-# in BF16 and ignores them, as quantizers often do; shared experts stay
-# quantizable. The MoE blocks themselves stay: real MTP layers have them.
+# Every checkpoint here keeps its routed experts in BF16 and ignores them, as quantizers often do:
+# the scenarios are about the MTP layer's linears. Shared experts stay quantizable, and the MoE
+# blocks themselves stay: real MTP layers have them.
 ROUTED_EXPERTS_IGNORE = r"re:.*\.experts\..*"
 
 
@@ -55,9 +50,12 @@ class Architecture:
     block: tuple[str, ...]
     # MTP modules every scenario stores in BF16 (routed experts, routers, heads).
     always_bf16: tuple[str, ...] = ()
-    # CUDA-bound pieces replaced by mocks while the draft is built (dotted paths).
-    stand_ins: tuple[str, ...] = ()
-    quantization_config_extras: dict = field(default_factory=dict)
+    # CUDA-bound pieces replaced while the draft is built.
+    stand_ins: Callable[[], list] = list
+    # The main model's quantization (its ignore list is added), and how a quantized MTP tensor is stored.
+    quantization_config: dict = field(default_factory=lambda: INT8_W8A8_QUANTIZATION_CONFIG)
+    quantized_weight_dtype: torch.dtype = torch.int8
+    cache_dtype: str | None = None
 
 
 def _names(prefix: str, *names: str) -> tuple[str, ...]:
@@ -70,23 +68,27 @@ def _experts(prefix: str, count: int, *weights: str) -> tuple[str, ...]:
 
 MLP = ("gate_proj", "up_proj", "down_proj")
 
-# MTP drafters that cannot run end to end on CPU. Not here: Qwen3.5 (qwen3_5_mtp),
-# whose qwen3_5.py imports qwen3_vl at module level, which imports transformers'
-# Qwen2-VL image processor, which needs torchvision (not in the test bed).
+
+def _mla_attention_backend() -> list:
+    return [mock.patch(MLA_ATTENTION_BACKEND)]
+
+
+# MTP drafters that cannot run end to end on CPU (Qwen3.5, GLM-4.x and GLM-5 are in mtp_families).
 ARCHITECTURES = {
+    # Every width a multiple of 128: FP8 128x128 blocks fit every linear.
     "deepseek_v4": Architecture(
         hf_config={
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
-            "hidden_size": 64,
+            "hidden_size": 128,
             "num_hidden_layers": 2,
             "num_nextn_predict_layers": 1,
             "num_attention_heads": 2,
             "num_key_value_heads": 1,
-            "head_dim": 32,
-            "qk_rope_head_dim": 16,
-            "q_lora_rank": 32,
-            "o_lora_rank": 32,
+            "head_dim": 128,
+            "qk_rope_head_dim": 64,
+            "q_lora_rank": 128,
+            "o_lora_rank": 128,
             "o_groups": 2,
             "sliding_window": 16,
             "compress_ratios": [0, 0, 0],
@@ -102,7 +104,7 @@ ARCHITECTURES = {
             "n_routed_experts": 2,
             "n_shared_experts": 1,
             "num_experts_per_tok": 1,
-            "moe_intermediate_size": 32,
+            "moe_intermediate_size": 128,
             "num_hash_layers": 0,
             "swiglu_limit": 7.0,
             "norm_topk_prob": True,
@@ -120,12 +122,18 @@ ARCHITECTURES = {
             "mtp.0.head",
             *_experts("mtp.0.ffn.experts", 2, "w1", "w2", "w3"),
         ),
-        stand_ins=(
-            "vllm.models.deepseek_v4.nvidia.model.DeepseekV4MultiHeadLatentAttentionWrapper",
-            "torch.cuda.Stream",
-        ),
-        # DeepseekV4Attention reads it from the checkpoint's quantization_config.
-        quantization_config_extras={"scale_fmt": None},
+        stand_ins=deepseek_v4_stand_ins,
+        # DeepSeek-V4's o_proj takes an FP8 or a BF16 wo_a (the v0.22.1 series refuses others at
+        # build). DeepseekV4Attention reads scale_fmt from the checkpoint's quantization_config.
+        quantization_config={
+            "quant_method": "compressed-tensors",
+            "format": "float-quantized",
+            "config_groups": {"linears": CT_FP8_BLOCK_GROUP},
+            "scale_fmt": None,
+        },
+        quantized_weight_dtype=torch.float8_e4m3fn,
+        # Its CUDA attention supports FP8 KV caches only.
+        cache_dtype="fp8",
     ),
     "deepseek_v3": Architecture(
         hf_config={
@@ -170,7 +178,7 @@ ARCHITECTURES = {
             "model.layers.1.shared_head.head",
             *_experts("model.layers.1.mlp.experts", 2, *MLP),
         ),
-        stand_ins=("vllm.model_executor.models.deepseek_v2.MultiHeadLatentAttentionWrapper",),
+        stand_ins=_mla_attention_backend,
     ),
     "qwen3_next": Architecture(
         hf_config={
@@ -235,17 +243,13 @@ ARCHITECTURES = {
 # How a checkpoint stores the MTP layer: scenario -> (projections quantized, block quantized).
 SCENARIOS = {
     "bf16": (False, False),
-    "int8_w8a8": (True, True),
+    "quantized": (True, True),
     "bf16_block": (True, False),
 }
 
 
 def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> None:
-    quantization_config = {
-        **INT8_W8A8_QUANTIZATION_CONFIG,
-        **architecture.quantization_config_extras,
-        "ignore": ["lm_head", ROUTED_EXPERTS_IGNORE],
-    }
+    quantization_config = {**architecture.quantization_config, "ignore": ["lm_head", ROUTED_EXPERTS_IGNORE]}
     hf_config = {**architecture.hf_config, "quantization_config": quantization_config}
     (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
     projections_quantized, block_quantized = SCENARIOS[scenario]
@@ -256,7 +260,7 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
     tensors = {}
     for module in architecture.projections + architecture.block + architecture.always_bf16:
         if module in quantized:
-            tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.int8)
+            tensors[f"{module}.weight"] = torch.zeros(2, 2).to(architecture.quantized_weight_dtype)
             tensors[f"{module}.weight_scale"] = torch.ones(2, 1, dtype=torch.float32)
         else:
             tensors[f"{module}.weight"] = torch.zeros(2, 2, dtype=torch.bfloat16)
@@ -266,13 +270,9 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
 def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> dict:
     write_checkpoint(checkpoint_dir, architecture, scenario)
     draft, vllm_config = build_mtp_draft(
-        checkpoint_dir, stand_ins=[mock.patch(stand_in) for stand_in in architecture.stand_ins]
+        checkpoint_dir, stand_ins=architecture.stand_ins(), cache_dtype=architecture.cache_dtype
     )
-    decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
-    return {
-        "draft_quant_decision": decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
-        "linears": describe_linears(draft),
-    }
+    return {"draft_quant_decision": draft_quant_decision(vllm_config), "linears": describe_linears(draft)}
 
 
 def run_scenario(architecture: Architecture, scenario: str) -> dict:
@@ -284,17 +284,8 @@ def run_scenario(architecture: Architecture, scenario: str) -> dict:
             return failure(exc)
 
 
-def main() -> None:
-    import vllm
-
-    init_single_process_distributed()
-    drafts = {
+def probe() -> dict:
+    return {
         name: {scenario: run_scenario(architecture, scenario) for scenario in SCENARIOS}
         for name, architecture in ARCHITECTURES.items()
     }
-    sys.stdout.flush()
-    print(json.dumps({"vllm_file": vllm.__file__, "drafts": drafts}, sort_keys=True))
-
-
-if __name__ == "__main__":
-    main()

@@ -1,51 +1,33 @@
-"""Probe: the MTP draft of Step-3.5 quantized checkpoints, built and loaded (seed 002).
+"""Probe section: the MTP draft of Step-3.5 quantized checkpoints, built and loaded (seed 002).
 
-Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH).
-Each run writes a tiny Step3p5ForCausalLM checkpoint: config.json with the
-``quantization_config`` ModelOpt (0.31 and later) exports for NVFP4 (quant_method
-"modelopt", quant_algo "NVFP4", group size 16, lm_head excluded) or a
-compressed-tensors INT8 W8A8 one, and a model.safetensors holding only what the
-draft loads (the MTP layer ``model.layers.{num_hidden_layers}.*`` and
-``model.embed_tokens``) with small random values, stored one of four ways: every
-tensor BF16 (what seed 002's grafted checkpoint holds); the MTP decoder block's
-linears as ModelOpt NVFP4 (U8 weight [out, in/2], F8_E4M3 weight_scale
-[out, in/16], F32 scalar weight_scale_2 and input_scale); as INT8 W8A8; or as INT8
-W8A8 with the MTP head too — all around BF16 norms, eh_proj, head and embeddings.
+Each run writes a tiny Step3p5ForCausalLM checkpoint: config.json with the ``quantization_config``
+ModelOpt (0.31 and later) exports for NVFP4 (quant_method "modelopt", quant_algo "NVFP4", group size
+16, lm_head excluded) or a compressed-tensors INT8 W8A8 one, and a model.safetensors holding only what
+the draft loads (the MTP layer ``model.layers.{num_hidden_layers}.*`` and ``model.embed_tokens``) with
+small random values, stored one of four ways: every tensor BF16 (what seed 002's grafted checkpoint
+holds); the MTP decoder block's linears as ModelOpt NVFP4 (U8 weight [out, in/2], F8_E4M3
+weight_scale [out, in/16], F32 scalar weight_scale_2 and input_scale); as INT8 W8A8; or as INT8 W8A8
+with the MTP head too — all around BF16 norms, eh_proj, head and embeddings.
 
-For every run in RUNS it builds the draft as the proposer does (see
-mtp_vllm.build_mtp_draft), records the patched draft_quant_decision and the quant
-method of every linear, embedding and head, then loads the checkpoint through
-the engine's DefaultModelLoader. Runs that set draft_quant_config are left out
+For every run in RUNS it builds and loads the draft (mtp_vllm.build_and_load; only the NVFP4 GEMM
+kernel choice is stood in for, vLLM has none for CPU). Runs that set draft_quant_config are left out
 under stock vLLM, which has no such option.
 
-Last stdout line: one JSON object, ``{"vllm_file": ..., "hf_config": {...},
-"runs": {run: {"draft_quant_decision": ..., "linears": {module: quant method},
-"load": {"parameters": [...], "loaded": [...]}}}}``. A load that raised reports
-``{"error_type", "error"}``; when a shape assertion raised it (stock vLLM's bare
-one, or the one patched vLLM rewraps), also ``param_shape`` and ``loaded_shape``
-from the asserting frame, the draft ``parameter`` Step3p5MTP.load_weights was
-filling and the parameters it had filled before (``loaded_before``). A run whose
-draft could not be built is ``{"error_type", "error"}``.
+Result: ``{"hf_config": {...}, "runs": {run: build_and_load(...)}}``. When a shape assertion stopped
+the load (stock vLLM's bare one, or the one patched vLLM rewraps), the failure also has
+``param_shape`` and ``loaded_shape`` from the asserting frame, the draft ``parameter``
+Step3p5MTP.load_weights was filling and the parameters it had filled before (``loaded_before``).
 """
 
 from __future__ import annotations
 
 import json
-import sys
 import tempfile
 import traceback
 from pathlib import Path
-from unittest import mock
 
 import torch
-from mtp_vllm import (
-    INT8_W8A8_QUANTIZATION_CONFIG,
-    build_mtp_draft,
-    describe_linears,
-    failure,
-    init_single_process_distributed,
-    load_mtp_draft_weights,
-)
+from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, build_and_load, failure, has_draft_quant_config
 from safetensors.torch import save_file
 
 NUM_HIDDEN_LAYERS = 1
@@ -102,12 +84,6 @@ BF16_TENSORS = {
     **{f"{MTP_LAYER}.self_attn.{norm}.weight": (HF_CONFIG["head_dim"],) for norm in ("q_norm", "k_norm")},
 }
 
-# vLLM registers no NVFP4 GEMM kernel for the CPU platform, so ModelOptNvFp4LinearMethod's
-# constructor fails to pick one ("Failed to find a kernel that can implement the NVFP4 linear
-# layer"). Only that choice is stood in for: create_weights still builds the real packed
-# parameters, and loading weights never reaches the kernel.
-NVFP4_KERNEL_CHOICE = "vllm.model_executor.layers.quantization.modelopt.init_nvfp4_linear_kernel"
-
 # compressed-tensors INT8 W8A8 checkpoints with an INT8 MTP block (patch 0010: their KV-cache
 # scales), one of them from a quantizer that also took the MTP layer's head, a target that reaches
 # the draft's head only under the head's name (patch 0009).
@@ -123,8 +99,11 @@ INT8_WITH_HEAD_QUANTIZATION_CONFIG = {
     },
 }
 QUANTIZATION_CONFIGS = {
+    # Seed 002: an MTP layer grafted onto an NVFP4 release, which excludes lm_head only.
     "bf16": MODELOPT_NVFP4_QUANTIZATION_CONFIG,
-    "nvfp4": MODELOPT_NVFP4_QUANTIZATION_CONFIG,
+    # A quantizer that took the MTP block lists the head it left BF16 (vLLM 0.32+ quantizes LM heads
+    # under ModelOpt NVFP4 unless excluded).
+    "nvfp4": {**MODELOPT_NVFP4_QUANTIZATION_CONFIG, "ignore": ["lm_head", f"{MTP_LAYER}.shared_head*"]},
     "int8": INT8_QUANTIZATION_CONFIG,
     "int8_with_head": INT8_WITH_HEAD_QUANTIZATION_CONFIG,
 }
@@ -201,47 +180,17 @@ def load_failure(error: Exception) -> dict:
     return failure(error)
 
 
-def load_and_describe(draft, vllm_config) -> dict:
-    try:
-        loaded = load_mtp_draft_weights(draft, vllm_config)
-    # A loading failure is a finding to report, not a probe crash.
-    except Exception as exc:  # noqa: BLE001
-        return load_failure(exc)
-    return {"parameters": sorted(name for name, _ in draft.named_parameters()), "loaded": sorted(loaded)}
-
-
 def run(storage: str, draft_quant_config: str | None) -> dict:
     options = {"draft_quant_config": draft_quant_config} if draft_quant_config else None
     with tempfile.TemporaryDirectory(prefix="mtpq-step3p5-") as checkpoint_dir:
         write_checkpoint(Path(checkpoint_dir), storage)
-        try:
-            draft, vllm_config = build_mtp_draft(
-                Path(checkpoint_dir), stand_ins=[mock.patch(NVFP4_KERNEL_CHOICE)], speculative_options=options
-            )
-        # A construction failure is a finding to report, not a probe crash.
-        except Exception as exc:  # noqa: BLE001
-            return failure(exc)
-        decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)
-        return {
-            "draft_quant_decision": decision and {"mtp_layer": decision.mtp_layer, "block": decision.block},
-            "linears": describe_linears(draft),
-            "load": load_and_describe(draft, vllm_config),
-        }
+        return build_and_load(Path(checkpoint_dir), speculative_options=options, load_failure=load_failure)
 
 
-def main() -> None:
-    import vllm
-    from vllm.config import SpeculativeConfig
-
-    init_single_process_distributed()
+def probe() -> dict:
     torch.manual_seed(0)
-    has_option = "draft_quant_config" in SpeculativeConfig.__dataclass_fields__
+    has_option = has_draft_quant_config()
     runs = {
         name: run(storage, option) for name, (storage, option) in RUNS.items() if option is None or has_option
     }
-    sys.stdout.flush()
-    print(json.dumps({"vllm_file": vllm.__file__, "hf_config": HF_CONFIG, "runs": runs}, sort_keys=True))
-
-
-if __name__ == "__main__":
-    main()
+    return {"hf_config": HF_CONFIG, "runs": runs}
