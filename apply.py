@@ -3,8 +3,8 @@
 
 import sys
 
-if sys.version_info < (3, 10):
-    sys.exit(f"error: apply.py needs Python 3.10 or newer; this is {sys.version.split()[0]} ({sys.executable})")
+if sys.version_info < (3, 10):  # noqa: UP036 (the check is for the Pythons ruff's target excludes)
+    sys.exit("error: apply.py needs Python 3.10 or newer; this is " + sys.version.split()[0])
 
 from mtpq.cli import main  # noqa: E402
 

@@ -4,17 +4,22 @@ the same ones every run; benchmarks/survey_fuzz.py runs many more with fresh see
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import survey_cases as cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# benchmarks/survey_fuzz.py: that many times the inputs, from a random seed.
+SCALE = int(os.environ.get("MTPQ_SURVEY_SCALE", "1"))
+
 
 def examples(count: int):
     return settings(
-        max_examples=count,
+        max_examples=count * SCALE,
         deadline=None,
-        derandomize=True,
+        derandomize=SCALE == 1,
         database=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )
