@@ -106,10 +106,16 @@ CASES = [
 ]
 
 _CHILD = """
-import json, resource, sys, time
+import json, sys, time
 from pathlib import Path
 from vllm.transformers_utils import mtp_checkpoint as m
-base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+def status(field):
+    line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
+    return int(line.split()[1])  # KiB
+# The peak is reset (ru_maxrss would carry the parent's over exec).
+with open("/proc/self/clear_refs", "w") as clear:
+    clear.write("5")
+base = status("VmRSS")
 path = Path(sys.argv[1])
 start = time.perf_counter()
 try:
@@ -121,7 +127,7 @@ try:
 except (m.CheckpointHeaderError, m.MtpTensorsMissingError) as error:
     outcome = f"{type(error).__name__}: {str(error).replace(str(path), '<input>')[:110]}"
 seconds = time.perf_counter() - start
-peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+peak = status("VmHWM")
 print(json.dumps({"outcome": outcome, "seconds": seconds, "rss_mib": (peak - base) / 1024}))
 """
 

@@ -156,24 +156,22 @@ def _check_tree(tree: Path, branch: str, target: str, main: str) -> None:
     assert not list((git_dir / "refs").rglob("*.lock")), "a ref lock was left"
 
 
-def vllm_src(pinned_tree: Path, pin, series, work: Path) -> Scenario:
-    """`apply.py --vllm-src` on a user's checkout (branch main at the release)."""
-    tree, cache = work / "vllm", work / "cache"
-    _clone(pinned_tree, pin.tag, tree)
+def _git_tree_scenario(name: str, args: list[str], tree: Path, pin, cache: Path) -> Scenario:
+    """A mode that puts the series on branch `pin.branch` of `tree` (branch main at the release)."""
     main = git(tree, "rev-parse", "main")
     env = {"MTPQ_CACHE_DIR": str(cache)}
-    succeeded(apply("--vllm-src", str(tree), env=env))
+    succeeded(apply(*args, env=env))
     target = git(tree, "rev-parse", "HEAD")
 
     def check() -> None:
         assert git(tree, "rev-parse", "main") == main, "the killed run moved the user's branch"
-        succeeded(apply("--vllm-src", str(tree), env=env))
+        succeeded(apply(*args, env=env))
         _check_tree(tree, pin.branch, target, main)
         scenario.no_leftovers()
 
     scenario = Scenario(
-        "vllm-src",
-        ["--vllm-src", str(tree)],
+        name,
+        args,
         env,
         reset=lambda: _reset_tree(tree, pin.branch),
         check=check,
@@ -181,6 +179,13 @@ def vllm_src(pinned_tree: Path, pin, series, work: Path) -> Scenario:
         scratch=[cache / "tmp"],
     )
     return scenario
+
+
+def vllm_src(pinned_tree: Path, pin, series, work: Path) -> Scenario:
+    """`apply.py --vllm-src` on a user's checkout (branch main at the release)."""
+    tree = work / "vllm"
+    _clone(pinned_tree, pin.tag, tree)
+    return _git_tree_scenario("vllm-src", ["--vllm-src", str(tree)], tree, pin, work / "cache")
 
 
 def managed_tree(pinned_tree: Path, pin, series, work: Path) -> Scenario:
@@ -188,26 +193,7 @@ def managed_tree(pinned_tree: Path, pin, series, work: Path) -> Scenario:
     cache = work / "cache"
     tree = cache / "src" / f"vllm-{pin.version}"
     _clone(pinned_tree, pin.tag, tree)
-    main = git(tree, "rev-parse", "main")
-    env = {"MTPQ_CACHE_DIR": str(cache)}
-    succeeded(apply("--vllm", pin.version, env=env))
-    target = git(tree, "rev-parse", "HEAD")
-
-    def check() -> None:
-        succeeded(apply("--vllm", pin.version, env=env))
-        _check_tree(tree, pin.branch, target, main)
-        scenario.no_leftovers()
-
-    scenario = Scenario(
-        "managed-tree",
-        ["--vllm", pin.version],
-        env,
-        reset=lambda: _reset_tree(tree, pin.branch),
-        check=check,
-        key_steps="mtpq-run.json|update-ref|read-tree -m|symbolic-ref",
-        scratch=[cache / "tmp"],
-    )
-    return scenario
+    return _git_tree_scenario("managed-tree", ["--vllm", pin.version], tree, pin, cache)
 
 
 def export(pinned_tree: Path, pin, series, work: Path) -> Scenario:

@@ -20,8 +20,10 @@ SAMPLE = 4  # steps spread over each run, besides its key steps
 
 @pytest.mark.newest_release
 @pytest.mark.parametrize("mode", faults.SCENARIOS)
-def test_a_run_killed_at_a_file_system_step_loses_nothing(mode, pinned_tree, release_pin, series, tmp_path):
-    scenario = faults.SCENARIOS[mode](pinned_tree, release_pin, series, tmp_path)
+def test_a_run_killed_at_a_file_system_step_loses_nothing(
+    mode, pinned_tree, release_pin, release_series, tmp_path
+):
+    scenario = faults.SCENARIOS[mode](pinned_tree, release_pin, release_series, tmp_path)
     logged = faults.steps(scenario, tmp_path)
     points = faults.sample(logged, SAMPLE, scenario.key_steps)
     assert faults.sweep(scenario, points, logged, tmp_path) == []
@@ -97,15 +99,15 @@ def run_while_locked(directory: Path, *args: str) -> subprocess.CompletedProcess
 
 
 @pytest.mark.newest_release
-def test_a_run_waits_while_another_works_on_the_tree(scratch_tree, series):
+def test_a_run_waits_while_another_works_on_the_tree(scratch_tree, release_series):
     done = run_while_locked(scratch_tree / ".git", "--vllm-src", str(scratch_tree))
     assert done.returncode == 0, done.stderr
     assert f"waiting for another apply.py run to finish with the git tree {scratch_tree}" in done.stderr
-    assert done.stdout.count("  applied\n") == len(series.patches)
+    assert done.stdout.count("  applied\n") == len(release_series.patches)
 
 
 @pytest.mark.newest_release
-def test_two_runs_at_once_on_one_tree_both_succeed(scratch_tree, series, release_pin):
+def test_two_runs_at_once_on_one_tree_both_succeed(scratch_tree, release_series, release_pin):
     command = [sys.executable, str(ROOT / "apply.py"), "--vllm-src", str(scratch_tree)]
     runs = [
         subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in "ab"
@@ -113,14 +115,14 @@ def test_two_runs_at_once_on_one_tree_both_succeed(scratch_tree, series, release
     outputs = [run.communicate(timeout=300) for run in runs]
     assert [run.returncode for run in runs] == [0, 0], outputs
     tables = sorted(stdout.count("  applied\n") for stdout, _ in outputs)
-    assert tables == [0, len(series.patches)]  # the second found the series in place
+    assert tables == [0, len(release_series.patches)]  # the second found the series in place
     assert git(scratch_tree, "rev-parse", "--abbrev-ref", "HEAD") == release_pin.branch
     assert git(scratch_tree, "status", "--porcelain") == ""
 
 
 @pytest.mark.newest_release
-def test_two_installed_runs_at_once_take_turns(pinned_tree, release_pin, series, tmp_path):
-    environment = faults.Environment(tmp_path / "env", pinned_tree, release_pin, series)
+def test_two_installed_runs_at_once_take_turns(pinned_tree, release_pin, release_series, tmp_path):
+    environment = faults.Environment(tmp_path / "env", pinned_tree, release_pin, release_series)
     done = run_while_locked(environment.site, "--installed", "--python", environment.python)
     assert done.returncode == 0, done.stderr
     assert "waiting for another apply.py run to finish with the vLLM installation" in done.stderr
