@@ -13,6 +13,7 @@ import csv
 import hashlib
 import io
 import json
+import os
 import struct
 import zipfile
 import zlib
@@ -74,7 +75,8 @@ class _ZipWriter:
             raise WheelError(f"{name}: compression method {like.compress_type} is not supported")
         self.copy(name, like, compressed, zlib.crc32(data), len(data))
 
-    def copy(self, name: str, like: zipfile.ZipInfo, compressed: bytes, crc: int, size: int) -> None:
+    def copy(self, name: str, like: zipfile.ZipInfo, compressed: bytes | _Span, crc: int, size: int) -> None:
+        """A member whose compressed bytes are `compressed`, or lie in a span of another file."""
         offset = self.stream.tell()
         if max(offset, size, len(compressed)) > _ZIP32_LIMIT:
             raise WheelError(f"{name}: the wheel would need zip64, which this writer does not write")
@@ -85,7 +87,10 @@ class _ZipWriter:
         fields = (like.extract_version, 0, flags, like.compress_type, dos_time, dos_date, crc)
         sizes = (len(compressed), size, len(encoded))
         self.stream.write(_LOCAL_HEADER.pack(b"PK\x03\x04", *fields, *sizes, 0) + encoded)
-        self.stream.write(compressed)
+        if isinstance(compressed, _Span):
+            compressed.copy_to(self.stream)
+        else:
+            self.stream.write(compressed)
         self.central.append(
             _CENTRAL_HEADER.pack(
                 b"PK\x01\x02", like.create_version, like.create_system, *fields, *sizes, 0, 0, 0,
@@ -105,19 +110,48 @@ class _ZipWriter:
         self.stream.write(_END_OF_CENTRAL_DIRECTORY.pack(b"PK\x05\x06", 0, 0, count, count, size, start, 0))
 
 
-def _compressed_bytes(raw: BinaryIO, info: zipfile.ZipInfo) -> bytes:
-    """A member's data as stored: after its local header, whose name and extra field lengths may
-    differ from the central directory's."""
+class _Span:
+    """`length` bytes at `offset` of an open file, copied in the kernel where it can
+    (copy_file_range), so that the unchanged members of a wheel never pass through Python."""
+
+    def __init__(self, source: BinaryIO, offset: int, length: int, name: str) -> None:
+        self.source, self.offset, self.length, self.name = source, offset, length, name
+
+    def __len__(self) -> int:
+        return self.length
+
+    def copy_to(self, stream: BinaryIO) -> None:
+        """Append the span to `stream` (a file opened for writing, at its end)."""
+        stream.flush()
+        offset, left = self.offset, self.length
+        if hasattr(os, "copy_file_range"):  # Linux
+            try:
+                while left:
+                    copied = os.copy_file_range(self.source.fileno(), stream.fileno(), left, offset)
+                    if copied == 0:
+                        break
+                    offset, left = offset + copied, left - copied
+            except OSError:
+                pass  # a file system that cannot: the rest goes through Python
+        stream.seek(0, os.SEEK_END)  # past what the kernel wrote
+        if left:
+            self.source.seek(offset)
+            data = self.source.read(left)
+            if len(data) != left:
+                raise WheelError(f"{self.name}: truncated")
+            stream.write(data)
+
+
+def _compressed_span(raw: BinaryIO, info: zipfile.ZipInfo) -> _Span:
+    """Where a member's data lies as stored: after its local header, whose name and extra field
+    lengths may differ from the central directory's."""
     raw.seek(info.header_offset)
     header = raw.read(_LOCAL_HEADER.size)
     if len(header) != _LOCAL_HEADER.size or header[:4] != b"PK\x03\x04":
         raise WheelError(f"{info.filename}: no local header where the central directory says")
     name_length, extra_length = struct.unpack("<2H", header[26:30])
-    raw.seek(info.header_offset + _LOCAL_HEADER.size + name_length + extra_length)
-    data = raw.read(info.compress_size)
-    if len(data) != info.compress_size:
-        raise WheelError(f"{info.filename}: truncated")
-    return data
+    offset = info.header_offset + _LOCAL_HEADER.size + name_length + extra_length
+    return _Span(raw, offset, info.compress_size, info.filename)
 
 
 def _official_record(source: zipfile.ZipFile, name: str) -> dict[str, tuple[str, str]]:
@@ -160,7 +194,7 @@ def build_wheel(pin: Pin, series: Series, arch: str, out_dir: Path) -> Path:
                 elif name == f"{old_info}/METADATA":
                     add(info, renamed, _metadata(source.read(info), local_version, series))
                 elif name in official:
-                    wheel.copy(renamed, info, _compressed_bytes(raw, info), info.CRC, info.file_size)
+                    wheel.copy(renamed, info, _compressed_span(raw, info), info.CRC, info.file_size)
                     record.append((renamed, *official[name]))
                 else:
                     raise WheelError(f"{base.name}: {name} is not in its RECORD")
