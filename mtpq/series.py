@@ -117,11 +117,13 @@ def load_series(directory: Path) -> Series:
 
     An entry is a patch file of the directory, or `../<series>/<file>`: a file of a sibling series
     (a release's series that is another's plus a patch lists the shared ones that way). A new series
-    that an interrupted `--export` staged completely is moved in first.
+    that an interrupted `--export` staged completely is moved in first; one it left half-staged goes.
     """
-    if (directory / _STAGED).is_dir():
+    if (directory / _STAGED).is_dir() or (directory / _STAGING).is_dir():
         with crashsafe.exclusive_lock(directory, f"the series in {directory}"):
             _move_staged_series_in(directory)
+            # An export writes it holding the lock: one there now is a killed export's.
+            shutil.rmtree(directory / _STAGING, ignore_errors=True)
     series_file = directory / "series"
     if not series_file.is_file():
         raise SeriesError(f"{series_file}: missing")
