@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import resource
 import subprocess
 import sys
@@ -164,11 +165,7 @@ def properties(scale: int) -> int:
         cwd=ROOT, env=env, capture_output=True, text=True,
     )  # fmt: skip
     seconds = time.perf_counter() - start
-    passing = sum(
-        int(line.split("-")[1].split()[0])
-        for line in done.stdout.splitlines()
-        if "passing examples" in line and line.strip().startswith("-")
-    )
+    passing = sum(int(count) for count in re.findall(r"- (\d+) passing", done.stdout))
     print(done.stdout[-3000:] if done.returncode else done.stdout.splitlines()[-1])
     print(f"{passing:,} passing inputs in {seconds:.0f} s (scale {scale}, rc {done.returncode})")
     peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
