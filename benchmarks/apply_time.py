@@ -2,7 +2,7 @@
 """Time `python apply.py --vllm V` on each pinned release's tree: cold (tree built from the cached
 sdist) and warm.
 
-Run with an interpreter that has GitPython (e.g. the test bed's). Prints one line per measurement.
+Run with any Python >= 3.10 (e.g. the test bed's). Prints one line per measurement.
 """
 
 import os

@@ -2,7 +2,7 @@
 """The rebase matrix: for each series, how each patch applies to every vLLM release from the series'
 oldest pinned release up to the newest on PyPI: clean, 3-way, already upstream or conflict (N hunks).
 
-Run with an interpreter that has GitPython (e.g. the test bed's). Trees are built once from the
+Run with any Python >= 3.10 (e.g. the test bed's). Trees are built once from the
 PyPI sdists (sha256-verified against the index) and reused from the mtpq cache; the matrix goes to
 stdout, progress and timings to stderr.
 """

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from mtpq import gittree, installed, status
-from mtpq.download import DownloadError
+from mtpq.download import DownloadError, sweep_scratch
 from mtpq.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
 from mtpq.series import Series, SeriesError, load_series
 from mtpq.wheel import WheelError, build_wheel
@@ -100,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.image_releases and (args.vllm or args.vllm_src or args.installed or args.wheel):
         parser.error("--image-releases lists releases: no --vllm, --vllm-src, --installed or --wheel")
     try:
+        sweep_scratch()
         return _run(args)
     except (gittree.TreeError, SeriesError, PinError, DownloadError, WheelError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
@@ -138,8 +139,8 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     tree = gittree.pinned_tree(pin)
     repo = gittree.open_repo(tree)
-    gittree.reset_pinned_branch(repo, pin)
-    return _apply_to(args, repo, tree, series, args.branch or pin.branch)
+    # The managed tree is rebuilt on every run: the series branch restarts from the baseline tag.
+    return _apply_to(args, repo, tree, series, args.branch or pin.branch, base=pin.tag, replace_branch=True)
 
 
 def _run_tree(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
@@ -165,12 +166,21 @@ def _run_tree(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
     return _apply_to(args, repo, tree, series, args.branch or f"mtpq/v{found}")
 
 
-def _apply_to(args: argparse.Namespace, repo, tree: Path, series: Series, branch: str) -> int:
+def _apply_to(
+    args: argparse.Namespace,
+    repo: gittree.Repo,
+    tree: Path,
+    series: Series,
+    branch: str,
+    base: str = "HEAD",
+    replace_branch: bool = False,
+) -> int:
     if args.check:
-        gittree.check_clean(repo)
-        results = gittree.plan(repo, series)
+        results = gittree.check_series(repo, series, base)
     else:
-        results = gittree.apply_series(repo, series, branch, keep_conflict=args.rebase)
+        results = gittree.apply_series(
+            repo, series, branch, base, replace_branch=replace_branch, keep_conflict=args.rebase
+        )
     title = f"mtpq series {series.series_id} ({series.directory.name}) on vLLM at {tree}" + (
         "" if args.check else f" (branch {branch})"
     )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -13,10 +12,12 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from mtpq import crashsafe
 from mtpq.pin import Artifact
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 CHUNK = 1 << 20
+_PART = ".mtpq-part-"  # a download in progress
 
 
 class DownloadError(RuntimeError):
@@ -29,6 +30,20 @@ def cache_root() -> Path:
         return Path(explicit)
     xdg = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
     return Path(xdg) / "mtpq"
+
+
+def _scratch_root() -> Path:
+    return cache_root() / "tmp"
+
+
+def scratch_dir(kind: str):
+    """A private scratch directory for one run, `<cache>/tmp/<pid>-<random>.<kind>`, removed after use."""
+    return crashsafe.private_path(_scratch_root(), "", f".{kind}", is_dir=True)
+
+
+def sweep_scratch() -> None:
+    """Remove the scratch directories of runs that were killed."""
+    crashsafe.sweep_leftovers(_scratch_root(), "")
 
 
 def index_url() -> str:
@@ -103,6 +118,7 @@ def fetch(artifact: Artifact) -> Path:
     A download whose sha256 differs from the artifact's is refused and nothing is kept.
     """
     target = cache_root() / "downloads" / artifact.filename
+    crashsafe.sweep_leftovers(target.parent, _PART)
     if target.exists():
         if sha256_of(target) == artifact.sha256:
             return target
@@ -111,25 +127,19 @@ def fetch(artifact: Artifact) -> Path:
         listed = _project_files(artifact.project).get(artifact.filename)
         if listed is None:
             raise DownloadError(f"{artifact.filename} is not listed on {index_url()}/{artifact.project}/")
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile(dir=target.parent, prefix=".part-", delete=False) as part:
-            part_path = Path(part.name)
-            try:
-                digest = hashlib.sha256()
-                with urllib.request.urlopen(listed.url, timeout=120) as response:
-                    while chunk := response.read(CHUNK):
-                        digest.update(chunk)
-                        part.write(chunk)
-                part.close()
-                if digest.hexdigest() != artifact.sha256:
-                    raise DownloadError(
-                        f"sha256 mismatch for {artifact.filename} from {listed.url}: "
-                        f"got {digest.hexdigest()}, expected {artifact.sha256}; refusing it"
-                    )
-                part_path.chmod(0o644)
-                part_path.replace(target)
-            finally:
-                part_path.unlink(missing_ok=True)
+        with crashsafe.private_path(target.parent, _PART) as part_path:
+            digest = hashlib.sha256()
+            with urllib.request.urlopen(listed.url, timeout=120) as response, part_path.open("wb") as part:
+                while chunk := response.read(CHUNK):
+                    digest.update(chunk)
+                    part.write(chunk)
+            if digest.hexdigest() != artifact.sha256:
+                raise DownloadError(
+                    f"sha256 mismatch for {artifact.filename} from {listed.url}: "
+                    f"got {digest.hexdigest()}, expected {artifact.sha256}; refusing it"
+                )
+            part_path.chmod(0o644)
+            part_path.replace(target)
     except (urllib.error.URLError, OSError) as error:
         raise DownloadError(
             f"cannot download {artifact.filename} from {index_url()} ({error}); "

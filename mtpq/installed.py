@@ -1,23 +1,31 @@
 """Patch the vLLM installed in a Python environment, in place, and undo it byte for byte.
 
-The series is applied to copies of the touched files in a staging directory first; only
-when every patch applies are the originals backed up and the staged files moved in, so a
-failure leaves site-packages as it was. The backup and a manifest live beside the package
-in `.mtpq-vllm-state/`.
+The series is applied to copies of the touched files in a scratch directory first; only when every
+patch applies are the installed files changed. State lives beside the package in
+`.mtpq-vllm-state/`: `originals/` (the files as they were) and `manifest.json` (each managed file's
+original and patched sha256, and the series). The order of writes keeps one rule at every instant,
+so that a run killed anywhere loses nothing: a file the manifest lists holds its original or its
+patched bytes, its original is in `originals/`, and a file it does not list was never changed.
+Hence originals are backed up and recorded before the first installed file changes, and a backup is
+only ever made of a file no manifest lists, which is the original. Runs take turns (a lock on the
+site-packages directory); a run first removes what a killed one left: its temporary files and unrecorded
+backups.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import shutil
 import subprocess
-import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import status
-from mtpq.download import sha256_of
+from mtpq import crashsafe, status
+from mtpq.download import scratch_dir, sha256_of
 from mtpq.gittree import TreeError
 from mtpq.pin import release_in
 from mtpq.series import Series
@@ -49,8 +57,15 @@ class Installation:
     def manifest_path(self) -> Path:
         return self.state_dir / "manifest.json"
 
+    @property
+    def originals(self) -> Path:
+        return self.state_dir / "originals"
+
     def manifest(self) -> dict | None:
-        return json.loads(self.manifest_path.read_text()) if self.manifest_path.exists() else None
+        try:
+            return json.loads(self.manifest_path.read_bytes())
+        except FileNotFoundError:
+            return None
 
 
 def find_installation(python: str) -> Installation:
@@ -79,26 +94,39 @@ def _package_files(series: Series) -> list[str]:
     return [path for path in series.files if path.startswith("vllm/")]
 
 
+def _current_sha(installation: Installation, relative: str) -> str | None:
+    path = installation.site / relative
+    return sha256_of(path) if path.exists() else None
+
+
 def _original_bytes(installation: Installation, relative: str, manifest: dict | None) -> bytes | None:
     """The file as it was before mtpq touched it (None: it did not exist)."""
-    if manifest and relative in manifest["files"]:
-        entry = manifest["files"][relative]
-        if entry["original_sha256"] is None:
-            return None
-        return (installation.state_dir / "originals" / relative).read_bytes()
-    current = installation.site / relative
-    return current.read_bytes() if current.exists() else None
+    entry = manifest["files"].get(relative) if manifest else None
+    if entry is None:
+        current = installation.site / relative  # never changed: it is the original
+        return current.read_bytes() if current.exists() else None
+    if entry["original_sha256"] is None:
+        return None
+    return _checked_backup(installation, relative, entry).read_bytes()
 
 
-def _git_apply(staging: Path, patch: Path, *flags: str) -> subprocess.CompletedProcess:
+def _checked_backup(installation: Installation, relative: str, entry: dict) -> Path:
+    backup = installation.originals / relative
+    if not backup.exists() or sha256_of(backup) != entry["original_sha256"]:
+        raise TreeError(f"the backup of {relative} in {installation.state_dir} is missing or damaged")
+    return backup
+
+
+def _git_apply(staging: Path, patch, *flags: str) -> subprocess.CompletedProcess:
     # The ceiling keeps git from treating an enclosing repository as the place to apply.
     env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(staging.parent)}
     return subprocess.run(
-        ["git", "apply", "--include=vllm/*", *flags, str(patch)],
+        ["git", "apply", "--include=vllm/*", *flags],
         cwd=staging,
         env=env,
+        input=patch.data,
         capture_output=True,
-        text=True,
+        pass_fds=crashsafe.inherited_fds(),
     )
 
 
@@ -110,11 +138,6 @@ def _in_place(installation: Installation, series: Series) -> bool:
         _current_sha(installation, relative) == entry["patched_sha256"]
         for relative, entry in manifest["files"].items()
     )
-
-
-def _current_sha(installation: Installation, relative: str) -> str | None:
-    path = installation.site / relative
-    return sha256_of(path) if path.exists() else None
 
 
 def _stage(installation: Installation, series: Series, staging: Path) -> list[PatchResult]:
@@ -131,92 +154,144 @@ def _stage(installation: Installation, series: Series, staging: Path) -> list[Pa
     for patch in series.patches:
         if results and not results[-1].ok:
             results.append(PatchResult(patch.name, status.NOT_TRIED))
-        elif _git_apply(staging, patch.path, "--reverse", "--check").returncode == 0:
+        elif _git_apply(staging, patch, "--reverse", "--check").returncode == 0:
             results.append(PatchResult(patch.name, status.ALREADY_UPSTREAM))
-        elif (applied := _git_apply(staging, patch.path)).returncode == 0:
+        elif (applied := _git_apply(staging, patch)).returncode == 0:
             results.append(PatchResult(patch.name, status.APPLIED))
         else:
-            files = [f for f in patch.files if f in applied.stderr] or list(patch.files)
-            results.append(
-                PatchResult(patch.name, status.CONFLICT, files=files, reason=applied.stderr.strip())
-            )
+            stderr = applied.stderr.decode(errors="replace")
+            files = [f for f in patch.files if f in stderr] or list(patch.files)
+            results.append(PatchResult(patch.name, status.CONFLICT, files=files, reason=stderr.strip()))
     return results
 
 
 def _whole_series_in(staging: Path, series: Series) -> bool:
     """Whether the files already carry the whole series, as the mtpq wheel's do: it reverse-applies,
     last patch first. (One patch alone may not reverse once later patches changed its lines.)"""
-    with tempfile.TemporaryDirectory(prefix="mtpq-reverse-") as scratch:
-        copy = Path(scratch) / "site"
-        shutil.copytree(staging, copy)
-        return all(
-            _git_apply(copy, patch.path, "--reverse").returncode == 0 for patch in reversed(series.patches)
-        )
+    copy = staging.with_name("reversed")
+    shutil.copytree(staging, copy)
+    try:
+        return all(_git_apply(copy, patch, "--reverse").returncode == 0 for patch in reversed(series.patches))
+    finally:
+        shutil.rmtree(copy)
 
 
 def apply_installed(installation: Installation, series: Series, dry_run: bool = False) -> list[PatchResult]:
     """Patch the installation (idempotent: a second run reports `already applied`)."""
-    if _in_place(installation, series):
-        return [PatchResult(patch.name, status.ALREADY_APPLIED) for patch in series.patches]
-    with tempfile.TemporaryDirectory(prefix="mtpq-staging-") as scratch:
-        staging = Path(scratch) / "site"
+    if dry_run:
+        return _stage_and_commit(installation, series, commit=False)
+    with _locked(installation):
+        if _in_place(installation, series):
+            return [PatchResult(patch.name, status.ALREADY_APPLIED) for patch in series.patches]
+        return _stage_and_commit(installation, series, commit=True)
+
+
+def _stage_and_commit(installation: Installation, series: Series, commit: bool) -> list[PatchResult]:
+    with scratch_dir("staging") as scratch:
+        staging = scratch / "site"
         staging.mkdir()
         results = _stage(installation, series, staging)
-        if dry_run or not status.all_ok(results):
-            return results
-        _commit(installation, series, staging)
+        if commit and status.all_ok(results):
+            _commit(installation, series, staging)
     return results
 
 
-def _commit(installation: Installation, series: Series, staging: Path) -> None:
-    """Back up originals (once), then move the staged files in and record the manifest."""
-    old = installation.manifest() or {"files": {}}
-    files = {}
-    for relative in _package_files(series):
-        entry = old["files"].get(relative)
-        if entry is None:
-            current = installation.site / relative
-            entry = {"original_sha256": sha256_of(current) if current.exists() else None}
-            if current.exists():
-                backup = installation.state_dir / "originals" / relative
-                backup.parent.mkdir(parents=True, exist_ok=True)
-                shutil.copy2(current, backup)
-        staged = staging / relative
-        entry["patched_sha256"] = sha256_of(staged) if staged.exists() else None
-        files[relative] = entry
-    # Files an earlier series touched but this one does not go back to their originals.
-    for relative in set(old["files"]) - set(files):
-        _restore_file(installation, relative, old["files"][relative])
+@contextmanager
+def _locked(installation: Installation) -> Iterator[None]:
+    """The installation to ourselves, with what a killed run left removed first."""
+    with crashsafe.exclusive_lock(installation.site, f"the vLLM installation {installation.package_dir}"):
+        _remove_leftovers(installation)
+        yield
+
+
+def _remove_leftovers(installation: Installation) -> None:
+    """A killed run's temporary files, and backups that no manifest records: a file the manifest
+    does not list was never changed, so its backup is not needed."""
+    manifest = installation.manifest()
+    files = manifest["files"] if manifest else {}
     for relative in files:
-        _place(installation.site / relative, staging / relative)
-    manifest = {"series_id": series.series_id, "files": files}
+        crashsafe.temporary_sibling(installation.site / relative).unlink(missing_ok=True)
+    crashsafe.temporary_sibling(installation.manifest_path).unlink(missing_ok=True)
+    if installation.originals.is_dir():
+        for path in sorted(installation.originals.rglob("*"), reverse=True):  # children first
+            if path.is_dir():
+                if not any(path.iterdir()):
+                    path.rmdir()
+            elif path.relative_to(installation.originals).as_posix() not in files:
+                path.unlink()
+
+
+def _refuse_changed(installation: Installation, manifest: dict) -> None:
+    """Every file mtpq manages holds its original or its patched bytes; anything else is the user's."""
+    changed = [
+        relative
+        for relative, entry in manifest["files"].items()
+        if _current_sha(installation, relative) not in (entry["original_sha256"], entry["patched_sha256"])
+    ]
+    if changed:
+        raise TreeError(
+            f"refusing: changed since mtpq patched them: {', '.join(changed)} (nothing was changed). "
+            f"Reinstall vLLM instead, then delete {installation.state_dir}."
+        )
+
+
+def _commit(installation: Installation, series: Series, staging: Path) -> None:
+    """Move the staged files in, keeping the rule of the module docstring at every step."""
+    old = installation.manifest() or {"files": {}}
+    _refuse_changed(installation, old)
+    wanted = {relative: _staged_sha(staging / relative) for relative in _package_files(series)}
+    # Files patched otherwise than this series wants go back first: then every recorded file holds its
+    # original or the bytes this series wants, and the new manifest may say so.
+    for relative, entry in old["files"].items():
+        current = _current_sha(installation, relative)
+        if current != entry["original_sha256"] and (relative not in wanted or current != wanted[relative]):
+            _restore_file(installation, relative, entry)
+    files = {}
+    for relative, patched_sha in wanted.items():
+        entry = old["files"].get(relative) or _back_up(installation, relative)
+        files[relative] = {"original_sha256": entry["original_sha256"], "patched_sha256": patched_sha}
+    # Files only the old series touched are original again: they are no longer recorded.
     installation.state_dir.mkdir(exist_ok=True)
-    temporary = installation.manifest_path.with_suffix(".tmp")
-    temporary.write_text(json.dumps(manifest, indent=1, sort_keys=True) + "\n")
-    temporary.replace(installation.manifest_path)
+    manifest = {"series_id": series.series_id, "files": files}
+    text = json.dumps(manifest, indent=1, sort_keys=True) + "\n"
+    crashsafe.write_atomic(installation.manifest_path, text.encode())
+    for relative, patched_sha in wanted.items():
+        if _current_sha(installation, relative) != patched_sha:
+            _place(installation.site / relative, staging / relative)
+    _remove_leftovers(installation)  # the backups of files the manifest no longer lists
+
+
+def _staged_sha(path: Path) -> str | None:
+    return sha256_of(path) if path.exists() else None
+
+
+def _back_up(installation: Installation, relative: str) -> dict:
+    """Back up a file no manifest lists (so never changed: the original) before it is recorded."""
+    current = installation.site / relative
+    if not current.exists():
+        return {"original_sha256": None}
+    backup = installation.originals / relative
+    backup.parent.mkdir(parents=True, exist_ok=True)
+    data = current.read_bytes()
+    crashsafe.write_atomic(backup, data)
+    return {"original_sha256": hashlib.sha256(data).hexdigest()}
 
 
 def _place(target: Path, source: Path) -> None:
+    """`target` becomes `source`'s content (or goes, if `source` does not exist), keeping its mode."""
     if not source.exists():
         target.unlink(missing_ok=True)
         return
     target.parent.mkdir(parents=True, exist_ok=True)
-    temporary = target.with_name(f".{target.name}.mtpq-tmp")
-    shutil.copyfile(source, temporary)
-    if target.exists():
-        shutil.copymode(target, temporary)
-    temporary.replace(target)
+    mode = target.stat().st_mode if target.exists() else None
+    crashsafe.write_atomic(target, source.read_bytes(), mode)
 
 
 def _restore_file(installation: Installation, relative: str, entry: dict) -> None:
-    target = installation.site / relative
     if entry["original_sha256"] is None:
-        target.unlink(missing_ok=True)
+        (installation.site / relative).unlink(missing_ok=True)
         return
-    backup = installation.state_dir / "originals" / relative
-    if not backup.exists() or sha256_of(backup) != entry["original_sha256"]:
-        raise TreeError(f"the backup of {relative} in {installation.state_dir} is missing or damaged")
-    _place(target, backup)
+    _place(installation.site / relative, _checked_backup(installation, relative, entry))
 
 
 def verify_installed(installation: Installation, series: Series) -> list[PatchResult]:
@@ -226,21 +301,19 @@ def verify_installed(installation: Installation, series: Series) -> list[PatchRe
 
 
 def revert_installed(installation: Installation) -> list[str]:
-    """Put every file mtpq changed back byte for byte; refuse if any changed since."""
-    manifest = installation.manifest()
-    if manifest is None:
+    """Put every file mtpq changed back byte for byte; refuse if any changed since. Works from any
+    state a killed run left."""
+    if not installation.state_dir.exists():
         return []
-    changed = [
-        relative
-        for relative, entry in manifest["files"].items()
-        if _current_sha(installation, relative) != entry["patched_sha256"]
-    ]
-    if changed:
-        raise TreeError(
-            f"refusing to revert: changed since mtpq patched them: {', '.join(changed)}. "
-            f"Reinstall vLLM instead, then delete {installation.state_dir}."
-        )
-    for relative, entry in manifest["files"].items():
-        _restore_file(installation, relative, entry)
-    shutil.rmtree(installation.state_dir)
-    return sorted(manifest["files"])
+    with _locked(installation):
+        manifest = installation.manifest()
+        if manifest is not None:
+            _refuse_changed(installation, manifest)
+            for relative, entry in manifest["files"].items():
+                if _current_sha(installation, relative) != entry["original_sha256"]:
+                    _restore_file(installation, relative, entry)
+            # From here on every file is original: what is left of the state directory is garbage.
+            installation.manifest_path.unlink()
+        if installation.state_dir.exists():  # a run we waited for may have reverted it
+            shutil.rmtree(installation.state_dir)
+    return sorted(manifest["files"]) if manifest else []

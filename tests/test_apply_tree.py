@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
-from conftest import git
+from conftest import ROOT, git
 
+from mtpq.pin import load_pins, newest_pin
 from mtpq.series import load_series
 
 
@@ -205,3 +209,29 @@ def test_broken_series_is_refused_before_touching_the_tree(
     done = run_apply("--vllm-src", str(scratch_tree), "--patches", str(patches))
     assert done.returncode == 2 and "error:" in done.stderr
     assert snapshot(scratch_tree) == before
+
+
+@pytest.mark.newest_release
+def test_the_readme_first_command_works_on_a_fresh_python_without_gitpython(
+    pinned_tree, release_pin, release_series, tmp_path
+):
+    """`python apply.py` as the README gives it, with a bare interpreter (no pip, no GitPython) whose
+    cache holds only the release's source tree (what a first run downloads and unpacks)."""
+    venv = tmp_path / "fresh"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    assert subprocess.run([python, "-c", "import git"], capture_output=True).returncode == 1
+    cache = tmp_path / "cache"
+    tree = cache / "src" / f"vllm-{release_pin.version}"
+    git(pinned_tree, "clone", "--quiet", "--branch", release_pin.tag, str(pinned_tree), str(tree))
+    env = {key: value for key, value in os.environ.items() if not key.startswith(("PYTHON", "VIRTUAL_ENV"))}
+    # The README's command is for the newest release; a session whose newest is older names it.
+    args = [] if release_pin.version == newest_pin(load_pins()).version else ["--vllm", release_pin.version]
+    command = [python, "apply.py", *args]
+    done = subprocess.run(
+        command, cwd=ROOT, capture_output=True, text=True, env={**env, "MTPQ_CACHE_DIR": str(cache)}
+    )
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stdout + done.stderr
+    assert f"({release_series.directory.name}) on vLLM at {tree}" in done.stdout
+    assert done.stdout.count("  applied\n") == len(release_series.patches)
+    assert git(tree, "rev-parse", "--abbrev-ref", "HEAD") == release_pin.branch
