@@ -30,7 +30,9 @@ def test_a_run_killed_at_a_file_system_step_loses_nothing(
 
 
 def killed_while_switching(tree: Path, branch: str, tmp_path: Path) -> None:
-    """Run apply.py on `tree` and kill it inside `git read-tree -m -u`: the work tree is half moved."""
+    """Run apply.py on `tree` and kill it right after `git read-tree -m -u` moved the work tree onto the
+    series' branch, before its next step (a kill inside that git run would depend on the machine's
+    speed)."""
     log = tmp_path / "steps"
     command = [sys.executable, str(faults.KILLER), "0", str(log), str(faults.APPLY), "--vllm-src", str(tree)]
     subprocess.run(command, check=True, capture_output=True, start_new_session=True)
@@ -38,7 +40,7 @@ def killed_while_switching(tree: Path, branch: str, tmp_path: Path) -> None:
     git(tree, "branch", "--quiet", "-D", branch)
     git(tree, "clean", "--quiet", "-fdx")
     step = next(i + 1 for i, line in enumerate(log.read_text().splitlines()) if "read-tree -m" in line)
-    command[2] = f"{step}+0.05"
+    command[2] = str(step + 1)
     done = subprocess.run(command, capture_output=True, start_new_session=True)
     assert done.returncode == -9, done.stderr
     assert (tree / ".git" / "mtpq-run.json").exists()
