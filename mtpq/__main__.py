@@ -1,4 +1,5 @@
-"""`python -m mtpq doctor|graft`: the checkpoint tools (Python only: no torch, no vLLM)."""
+"""`python -m mtpq doctor|graft|upstream`: the checkpoint tools and the upstream tools (Python only:
+no torch, no vLLM; `upstream prove` runs the tests in an interpreter that has them)."""
 
 import sys
 

@@ -1,4 +1,4 @@
-"""Command line of `python -m mtpq`: doctor and graft."""
+"""Command line of `python -m mtpq`: doctor, graft and upstream."""
 
 from __future__ import annotations
 
@@ -7,11 +7,13 @@ import json
 import sys
 from pathlib import Path
 
-from mtpq import doctor_report, mtp_facts
+from mtpq import doctor_report, mtp_facts, upstream_cli
 from mtpq.checkpoint import CheckpointError
 from mtpq.doctor import diagnose
+from mtpq.gittree import TreeError
 from mtpq.graft import GraftError, graft
 from mtpq.pin import PinError, load_pins, pin_for
+from mtpq.series import SeriesError
 from mtpq.survey import SurveyLoadError
 
 EXIT_BAD_INPUT = 2
@@ -63,6 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
         "that alone makes it work (exit 1 where it cannot; the checkpoint is still written)",
     )
     grafting.add_argument("--force", action="store_true", help="replace NEW_CKPT if it exists")
+    upstream_cli.add_commands(commands)
     return parser
 
 
@@ -71,8 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "doctor":
             return _doctor(args)
+        if args.command == "upstream":
+            return upstream_cli.run(args)
         return _graft(args)
-    except (CheckpointError, GraftError, SurveyLoadError, PinError) as error:
+    except (
+        CheckpointError,
+        GraftError,
+        SurveyLoadError,
+        PinError,
+        SeriesError,
+        TreeError,
+        ValueError,
+    ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

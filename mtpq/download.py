@@ -147,3 +147,15 @@ def fetch(artifact: Artifact) -> Path:
             f"to a mirror, or place the file there."
         ) from error
     return target
+
+
+def pip_environment() -> dict[str, str]:
+    """pip on PyPI (or $MTPQ_INDEX_URL) alone: the lock's hashes name PyPI's files, and a machine's
+    pip configuration (extra indexes, find-links with local builds of torch) would offer others."""
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
+    return {
+        **env,
+        "PIP_CONFIG_FILE": os.devnull,
+        "PIP_INDEX_URL": index_url(),
+        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
+    }

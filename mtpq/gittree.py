@@ -569,7 +569,7 @@ def export_series(repo: Repo, base: str | None, directory: Path) -> Series:
         return write_series(directory, {old_by_subject.get(p.subject, p.name): p.data for p in fresh})
 
 
-def _safe_extract(archive: tarfile.TarFile, destination: Path) -> None:
+def safe_extract(archive: tarfile.TarFile, destination: Path) -> None:
     if hasattr(tarfile, "data_filter"):
         archive.extractall(destination, filter="data")
         return
@@ -594,7 +594,7 @@ def sdist_tree(version: str, sdist: Artifact) -> Path:
             return root
         with crashsafe.private_path(root.parent, _UNPACKING, is_dir=True) as scratch:
             with tarfile.open(archive_path) as archive:
-                _safe_extract(archive, scratch)
+                safe_extract(archive, scratch)
             (unpacked,) = scratch.iterdir()
             _git(["init", "--quiet", "--initial-branch=main"], unpacked)
             repo = Repo(unpacked, unpacked / ".git", unpacked / ".git")

