@@ -20,7 +20,7 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from mtpq import crashsafe, gittree, status
+from mtpq import crashsafe, gittree, installed, status
 from mtpq.download import fetch
 from mtpq.pin import Pin
 from mtpq.series import Series
@@ -47,9 +47,7 @@ def patched_files(pin: Pin, series: Series) -> dict[str, bytes | None]:
     results, commit = gittree.series_commit(repo, series, pin.tag)
     if not status.all_ok(results):
         raise WheelError("the series does not apply to the pinned tree:\n" + status.format_table("", results))
-    return {
-        relative: repo.blob(commit, relative) for relative in series.files if relative.startswith("vllm/")
-    }
+    return {relative: repo.blob(commit, relative) for relative in installed.package_files(series)}
 
 
 def _pinned_repo(pin: Pin) -> gittree.Repo:

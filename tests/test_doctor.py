@@ -372,12 +372,18 @@ def test_the_survey_runs_without_the_regex_package_and_vllm():
     assert load_survey().re.__name__ == "re"
 
 
+def in_survey_module(text: str, old: str, new: str) -> str:
+    """The patch text with `old` replaced in the survey module's diff (the patch's tests come first)."""
+    start = text.index(f"diff --git a/{SURVEY_PATH} ")
+    return text[:start] + text[start:].replace(old, new, 1)
+
+
 @pytest.mark.parametrize(
     "damage",
     [
         lambda text: "",
-        lambda text: text.replace("+def survey_mtp_tensors", " def survey_mtp_tensors", 1),
-        lambda text: text.replace("+import json", "+import json(", 1),
+        lambda text: in_survey_module(text, "+def survey_mtp_tensors", " def survey_mtp_tensors"),
+        lambda text: in_survey_module(text, "+import json", "+import json("),
     ],
     ids=["emptied", "hunk-shorter-than-promised", "syntax-error"],
 )

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import pytest
 
+from mtpq import installed
 from mtpq.download import cache_root, fetch
 from mtpq.installed import MISSING
 from mtpq.pin import load_pins
@@ -92,11 +93,6 @@ def host_debian_mirror() -> str:
         if path.is_file() and (match := _APT_DEBIAN_URI.search(path.read_text())):
             return match.group(1)
     return FALLBACK_DEBIAN_MIRROR
-
-
-def package_files(series) -> list[str]:
-    """The series' files inside the vllm package, relative to site-packages."""
-    return [path for path in series.files if path.startswith("vllm/")]
 
 
 def image_inspect(env: dict[str, str], ref: str) -> dict:
@@ -331,9 +327,9 @@ def scratch_container(buildah_env: dict[str, str], amd64_images: dict[str, Built
 @pytest.fixture(scope="session")
 def patched_files(newest_series) -> list[str]:
     """The files the series changes, for the tests that need at least one."""
-    if not package_files(newest_series):
+    if not installed.package_files(newest_series):
         pytest.skip("the series changes no file of the vllm package")
-    return package_files(newest_series)
+    return installed.package_files(newest_series)
 
 
 @pytest.fixture(scope="session")
@@ -341,7 +337,7 @@ def expected_tree(tmp_path_factory: pytest.TempPathFactory, newest_pin, newest_s
     """The patched files as plain `git apply` makes them from the pristine sdist, without mtpq's code."""
     tree = tmp_path_factory.mktemp("expected")
     with tarfile.open(fetch(newest_pin.artifacts["sdist"])) as sdist:
-        for relative in package_files(newest_series):
+        for relative in installed.package_files(newest_series):
             try:
                 member = sdist.extractfile(f"vllm-{newest_pin.version}/{relative}")
             except KeyError:

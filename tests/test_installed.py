@@ -7,6 +7,7 @@ import shutil
 import pytest
 from faults import Environment, fingerprint
 
+from mtpq import installed
 from mtpq.installed import STATE_DIR_NAME
 
 
@@ -39,7 +40,7 @@ def test_apply_is_idempotent_and_revert_restores_every_byte(run_apply, environme
         for path in pristine.keys() | patched.keys()
         if pristine.get(path) != patched.get(path) and not path.startswith(STATE_DIR_NAME)
     }
-    assert changed == {path for path in release_series.files if path.startswith("vllm/")}
+    assert changed == set(installed.package_files(release_series))
 
     second = run_apply("--installed", "--python", environment.python)
     assert second.returncode == 0, second.stderr
@@ -68,7 +69,7 @@ def test_check_changes_nothing(run_apply, environment, release_series):
 
 
 def test_a_patch_that_does_not_apply_leaves_site_packages_untouched(run_apply, environment, release_series):
-    target = environment.site / release_series.files[-1]
+    target = environment.site / installed.package_files(release_series)[-1]
     target.write_text("# someone rewrote this file\n")
     before = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python)
@@ -94,9 +95,10 @@ def test_environment_without_vllm_is_refused(run_apply, environment):
 
 def test_revert_refuses_files_changed_after_patching(run_apply, environment, release_series):
     assert run_apply("--installed", "--python", environment.python).returncode == 0
-    edited = environment.site / release_series.files[0]
+    first = installed.package_files(release_series)[0]
+    edited = environment.site / first
     edited.write_text(edited.read_text() + "# local edit\n")
     before = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python, "--revert")
-    assert done.returncode == 2 and release_series.files[0] in done.stderr
+    assert done.returncode == 2 and first in done.stderr
     assert fingerprint(environment.site) == before
