@@ -117,12 +117,13 @@ def _checked_backup(installation: Installation, relative: str, entry: dict) -> P
     return backup
 
 
-def _git_apply(staging: Path, patch, *flags: str) -> subprocess.CompletedProcess:
+def git_apply(directory: Path, patch, *flags: str, include: str = "vllm/*") -> subprocess.CompletedProcess:
+    """`git apply` of the patch's files matching `include`, in a directory that is not a repository."""
     # The ceiling keeps git from treating an enclosing repository as the place to apply.
-    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(staging.parent)}
+    env = {**os.environ, "GIT_CEILING_DIRECTORIES": str(directory.parent)}
     return subprocess.run(
-        ["git", "apply", "--include=vllm/*", *flags],
-        cwd=staging,
+        ["git", "apply", f"--include={include}", *flags],
+        cwd=directory,
         env=env,
         input=patch.data,
         capture_output=True,
@@ -154,9 +155,9 @@ def _stage(installation: Installation, series: Series, staging: Path) -> list[Pa
     for patch in series.patches:
         if results and not results[-1].ok:
             results.append(PatchResult(patch.name, status.NOT_TRIED))
-        elif _git_apply(staging, patch, "--reverse", "--check").returncode == 0:
+        elif git_apply(staging, patch, "--reverse", "--check").returncode == 0:
             results.append(PatchResult(patch.name, status.ALREADY_UPSTREAM))
-        elif (applied := _git_apply(staging, patch)).returncode == 0:
+        elif (applied := git_apply(staging, patch)).returncode == 0:
             results.append(PatchResult(patch.name, status.APPLIED))
         else:
             stderr = applied.stderr.decode(errors="replace")
@@ -171,7 +172,7 @@ def _whole_series_in(staging: Path, series: Series) -> bool:
     copy = staging.with_name("reversed")
     shutil.copytree(staging, copy)
     try:
-        return all(_git_apply(copy, patch, "--reverse").returncode == 0 for patch in reversed(series.patches))
+        return all(git_apply(copy, patch, "--reverse").returncode == 0 for patch in reversed(series.patches))
     finally:
         shutil.rmtree(copy)
 

@@ -35,6 +35,10 @@ _PLUGIN_DIR = Path(__file__).resolve().parent / "native_plugin"
 _READY = ".mtpq-ready"
 
 
+class ProofError(RuntimeError):
+    """The tests could not be run as the proof needs (no report, another vLLM imported)."""
+
+
 @dataclass
 class Run:
     """One pytest run's outcome per test id, and the test files that did not even import."""
@@ -42,13 +46,11 @@ class Run:
     outcomes: dict[str, str] = field(default_factory=dict)
     uncollected: set[str] = field(default_factory=set)
 
-    def of(self, path: str) -> dict[str, str]:
-        module = path.removesuffix(".py").replace("/", ".")
-        return {
-            test: outcome
-            for test, outcome in self.outcomes.items()
-            if test.startswith(module + "::") or test.startswith(module + ".")
-        }
+    def of(self, paths: Iterable[str]) -> dict[str, str]:
+        """The outcomes of the tests in these files."""
+        modules = tuple(path.removesuffix(".py").replace("/", ".") for path in paths)
+        prefixes = tuple(module + separator for module in modules for separator in ("::", "."))
+        return {test: outcome for test, outcome in self.outcomes.items() if test.startswith(prefixes)}
 
 
 @dataclass(frozen=True)
@@ -102,9 +104,7 @@ def prove(
 
 def _judge(patch: Patch, without: Run, with_patch: Run, whole: Run) -> Proof:
     tests = tuple(test_files(patch))
-    before = {test: outcome for path in tests for test, outcome in without.of(path).items()}
-    after = {test: outcome for path in tests for test, outcome in with_patch.of(path).items()}
-    series_end = {test: outcome for path in tests for test, outcome in whole.of(path).items()}
+    before, after, series_end = without.of(tests), with_patch.of(tests), whole.of(tests)
     problems = [f"{path} does not import with the patch" for path in tests if path in with_patch.uncollected]
     if not after:
         problems.append("no test collected with the patch")
@@ -164,7 +164,7 @@ def _overlays(installation: installed.Installation, series: Series) -> list[Path
                     for relative in installed.package_files(patch):
                         if (scratch / relative).exists():
                             _write_anew(scratch / relative, (scratch / relative).read_bytes())
-                    _git_apply(scratch, patch, "vllm/*")
+                    _apply(scratch, patch, "vllm/*")
         overlays.append(overlay)
     return overlays
 
@@ -186,15 +186,12 @@ def _link_package(package: Path, destination: Path) -> None:
     )
 
 
-def _git_apply(directory: Path, patch: Patch, include: str) -> None:
-    subprocess.run(
-        ["git", "apply", f"--include={include}"],
-        cwd=directory,
-        input=patch.data,
-        check=True,
-        capture_output=True,
-        env={**os.environ, "GIT_CEILING_DIRECTORIES": str(directory.parent)},
-    )
+def _apply(directory: Path, patch: Patch, include: str) -> None:
+    done = installed.git_apply(directory, patch, include=include)
+    if done.returncode != 0:
+        raise ProofError(
+            f"{patch.name} does not apply to {directory}: {done.stderr.decode(errors='replace')}"
+        )
 
 
 def _write_anew(path: Path, data: bytes | None) -> None:
@@ -220,7 +217,7 @@ def _tests_tree(pin: Pin, series: Series) -> Path:
         archive.unlink()
         for patch in series.patches:
             if test_files(patch):
-                _git_apply(scratch, patch, "tests/*")
+                _apply(scratch, patch, "tests/*")
     return tree
 
 
@@ -244,7 +241,7 @@ def _pytest(python: str, workspace: Path, overlay: Path, files: list[str]) -> Ru
         )
     imported = origin.read_text().strip() if origin.exists() else "nothing"
     if not imported.startswith(str(overlay / "vllm")):
-        raise RuntimeError(f"the tests imported vllm from {imported}, not from {overlay}")
+        raise ProofError(f"the tests imported vllm from {imported}, not from {overlay}")
     return _read_report(report)
 
 

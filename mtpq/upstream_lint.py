@@ -26,6 +26,10 @@ LOCK = Path(__file__).resolve().parent / "upstream-lint.lock"
 _READY = ".mtpq-ready"
 
 
+class LintError(ValueError):
+    """The linters cannot run: upstream pins no such tool, or the series does not apply."""
+
+
 def _python(path: str) -> bool:
     return path.endswith(".py")
 
@@ -62,7 +66,7 @@ def _pinned_rev(tree: Path, tool: str) -> str:
     config = (tree / ".pre-commit-config.yaml").read_text()
     found = re.search(rf"repo: https://github.com/[\w-]+/{re.escape(tool)}\S*\s+rev: v?([\w.]+)", config)
     if not found:
-        raise ValueError(f"{tree}/.pre-commit-config.yaml pins no {tool}")
+        raise LintError(f"{tree}/.pre-commit-config.yaml pins no {tool}")
     return found.group(1)
 
 
@@ -97,10 +101,11 @@ def lint(pin: Pin, series: Series, python: str) -> list[HookResult]:
     repo = gittree.open_repo(gittree.pinned_tree(pin))
     results, commit = gittree.series_commit(repo, series, pin.tag)
     if not all(result.ok for result in results):
-        raise ValueError(f"the series does not apply to vLLM {pin.version}; lint needs it applied")
+        raise LintError(f"the series does not apply to vLLM {pin.version}; lint needs it applied")
     files = list(series.files)
     with scratch_dir("upstream-lint") as scratch:
         tree = scratch / "vllm"
+        repo.git("worktree", "prune")  # a killed run's worktree, its directory swept with its scratch
         repo.git("worktree", "add", "--detach", str(tree), commit)
         try:
             return _run_hooks(tree, tools, files, python)
@@ -110,13 +115,12 @@ def lint(pin: Pin, series: Series, python: str) -> list[HookResult]:
 
 def _run_hooks(tree: Path, tools: Path, files: list[str], python: str) -> list[HookResult]:
     locked = _locked_versions()
+    pinned = {tool: _pinned_rev(tree, tool) for tool in ("ruff", "typos")}
     results = [
         HookResult(
-            f"{tool} version",
-            locked[tool] == _pinned_rev(tree, tool),
-            f"upstream pins {_pinned_rev(tree, tool)}, upstream-lint.lock {locked[tool]}",
-        )  # fmt: skip
-        for tool in ("ruff", "typos")
+            f"{tool} version", locked[tool] == rev, f"upstream pins {rev}, upstream-lint.lock {locked[tool]}"
+        )
+        for tool, rev in pinned.items()
     ]
     python_files = [path for path in files if _python(path)]
     commands = {
