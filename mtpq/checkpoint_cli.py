@@ -7,7 +7,7 @@ import json
 import sys
 from pathlib import Path
 
-from mtpq import doctor_report, mtp_facts, native_tests, upstream, upstream_cli, upstream_lint
+from mtpq import doctor_report, mtp_facts, native_tests, upstream, upstream_cli, upstream_lint, vllm_suite
 from mtpq.checkpoint import CheckpointError
 from mtpq.doctor import diagnose
 from mtpq.gittree import TreeError
@@ -87,6 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         upstream.NotReadyError,
         upstream_lint.LintError,
         native_tests.ProofError,
+        vllm_suite.SuiteError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

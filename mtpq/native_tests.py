@@ -13,11 +13,11 @@ passes without its patch cannot fail, and is reported as such.
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import shutil
 import subprocess
 import tarfile
-import xml.etree.ElementTree as ElementTree
 from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
@@ -31,6 +31,7 @@ from mtpq.series import Patch, Series
 from mtpq.upstream import test_files
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
+COLLECTION = "::<collection>"  # how the outcomes plugin names a test file that does not import
 _PLUGIN_DIR = Path(__file__).resolve().parent / "native_plugin"
 _READY = ".mtpq-ready"
 
@@ -41,15 +42,17 @@ class ProofError(RuntimeError):
 
 @dataclass
 class Run:
-    """One pytest run's outcome per test id, and the test files that did not even import."""
+    """One pytest run's outcome per test (pytest node id), the error line of each that did not pass,
+    and the test files that did not even import."""
 
     outcomes: dict[str, str] = field(default_factory=dict)
+    errors: dict[str, str] = field(default_factory=dict)
+    seconds: dict[str, float] = field(default_factory=dict)
     uncollected: set[str] = field(default_factory=set)
 
     def of(self, paths: Iterable[str]) -> dict[str, str]:
         """The outcomes of the tests in these files."""
-        modules = tuple(path.removesuffix(".py").replace("/", ".") for path in paths)
-        prefixes = tuple(module + separator for module in modules for separator in ("::", "."))
+        prefixes = tuple(f"{path}::" for path in paths)
         return {test: outcome for test, outcome in self.outcomes.items() if test.startswith(prefixes)}
 
 
@@ -76,8 +79,8 @@ def prove(
 ) -> list[Proof]:
     """Run every patch's tests (or those of the patches named in `only`) on the overlays before and
     after it; one Proof per patch with tests."""
-    overlays = _overlays(installation, series)
-    workspace_source = _tests_tree(pin, series)
+    packages = overlays(installation, series)
+    workspace_source = tests_tree(pin, series)
     last = len(series.patches)
     chosen = [
         (number, patch)
@@ -93,8 +96,8 @@ def prove(
         shutil.copytree(workspace_source, workspace, copy_function=os.link)
 
         def run(overlay: int) -> tuple[int, Run]:
-            return overlay, _pytest(
-                installation.python, workspace, overlays[overlay], sorted(runs_needed[overlay])
+            return overlay, run_pytest(
+                installation.python, workspace, packages[overlay], sorted(runs_needed[overlay])
             )
 
         with ThreadPoolExecutor(max_workers=jobs) as pool:
@@ -108,14 +111,21 @@ def _judge(patch: Patch, without: Run, with_patch: Run, whole: Run) -> Proof:
     problems = [f"{path} does not import with the patch" for path in tests if path in with_patch.uncollected]
     if not after:
         problems.append("no test collected with the patch")
-    problems += [f"{test} {outcome} with the patch" for test, outcome in after.items() if outcome != PASSED]
-    problems += [
-        f"{test} {outcome} on the whole series" for test, outcome in series_end.items() if outcome != PASSED
-    ]
+    problems += [_failure(test, outcome, "with the patch", with_patch) for test, outcome in after.items()]
+    problems += [_failure(test, outcome, "on the series", whole) for test, outcome in series_end.items()]
+    problems = [problem for problem in problems if problem]
     problems += [
         f"{test} passes without the patch: it cannot fail" for test, o in before.items() if o == PASSED
     ]
     return Proof(patch.name, tests, before, after, series_end, tuple(problems))
+
+
+def _failure(test: str, outcome: str, where: str, run: Run) -> str:
+    """A problem line for a test that did not pass (with its error), or "" for one that did."""
+    if outcome == PASSED:
+        return ""
+    error = run.errors.get(test)
+    return f"{test} {outcome} {where}" + (f": {error}" if error else "")
 
 
 def describe(proof: Proof) -> str:
@@ -139,13 +149,13 @@ def _key(*parts: Iterable[bytes]) -> str:
     return digest.hexdigest()[:12]
 
 
-def _overlays(installation: installed.Installation, series: Series) -> list[Path]:
+def overlays(installation: installed.Installation, series: Series) -> list[Path]:
     """PYTHONPATH entries holding the vllm package with the series' first k patches, k = 0..n."""
     manifest = installation.manifest()
     touched = sorted({*(manifest["files"] if manifest else ()), *installed.package_files(series)})
     root = cache_root() / "native-tests" / "overlays"
     version = installed.installed_version(installation)
-    overlays: list[Path] = []
+    built: list[Path] = []
     for count in range(len(series.patches) + 1):
         applied = series.patches[:count]
         key = _key([str(installation.package_dir).encode()], [patch.data for patch in applied])
@@ -159,14 +169,14 @@ def _overlays(installation: installed.Installation, series: Series) -> list[Path
                             scratch / relative, installed.original_bytes(installation, relative, manifest)
                         )
                 else:
-                    _link_package(overlays[-1] / "vllm", scratch)
+                    _link_package(built[-1] / "vllm", scratch)
                     patch = applied[-1]
                     for relative in installed.package_files(patch):
                         if (scratch / relative).exists():
                             _write_anew(scratch / relative, (scratch / relative).read_bytes())
                     _apply(scratch, patch, "vllm/*")
-        overlays.append(overlay)
-    return overlays
+        built.append(overlay)
+    return built
 
 
 @contextmanager
@@ -202,7 +212,7 @@ def _write_anew(path: Path, data: bytes | None) -> None:
         path.write_bytes(data)
 
 
-def _tests_tree(pin: Pin, series: Series) -> Path:
+def tests_tree(pin: Pin, series: Series) -> Path:
     """The release's tests/ and pyproject.toml from its sdist, with the series' test files applied."""
     key = _key([pin.version.encode()], [patch.data for patch in series.patches])
     tree = cache_root() / "native-tests" / f"tests-{pin.version}-{key}"
@@ -221,43 +231,45 @@ def _tests_tree(pin: Pin, series: Series) -> Path:
     return tree
 
 
-def _pytest(python: str, workspace: Path, overlay: Path, files: list[str]) -> Run:
-    report = workspace.parent / f"{overlay.name}.xml"
-    origin = workspace.parent / f"{overlay.name}.origin"
+def run_pytest(python: str, workspace: Path, overlay: Path, arguments: list[str]) -> Run:
+    """pytest in `workspace` (a vLLM tests tree) with the vllm package of `overlay` first on
+    PYTHONPATH; a ProofError if it imported vllm from anywhere else."""
+    name = f"{overlay.name}-{hashlib.sha256(repr(arguments).encode()).hexdigest()[:8]}"
+    outcomes, origin, argfile = (workspace.parent / f"{name}.{ext}" for ext in ("jsonl", "origin", "args"))
+    # One argument a line (pytest's @file): thousands of node ids fit no command line.
+    argfile.write_text("".join(f"{argument}\n" for argument in arguments))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(overlay), str(_PLUGIN_DIR)]),
         "MTPQ_VLLM_ORIGIN_FILE": str(origin),
+        "MTPQ_OUTCOMES_FILE": str(outcomes),
         # vLLM caches model-class checks by model file hash: one cache per overlay.
         "VLLM_CACHE_ROOT": str(overlay / ".vllm-cache"),
+        # No hub is reached from here: a test that needs one fails at once, not after retries.
+        "HF_HUB_OFFLINE": "1",
     }
-    command = [python, "-m", "pytest", "-p", "vllm_origin", "-p", "no:cacheprovider", "-q"]
-    done = subprocess.run(
-        [*command, f"--junitxml={report}", *files], cwd=workspace, env=env, capture_output=True, text=True
-    )
-    if not report.exists():
+    command = [python, "-m", "pytest", "-p", "vllm_origin", "-p", "vllm_outcomes", "-p", "no:cacheprovider"]
+    command += ["-q", "--continue-on-collection-errors", f"@{argfile}"]
+    done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True)
+    if not outcomes.exists():
         raise RuntimeError(
-            f"pytest wrote no report on {overlay.name} (exit {done.returncode}):\n{done.stdout[-3000:]}"
+            f"pytest recorded no outcomes on {overlay.name} (exit {done.returncode}):\n{done.stdout[-3000:]}"
         )
     imported = origin.read_text().strip() if origin.exists() else "nothing"
     if not imported.startswith(str(overlay / "vllm")):
         raise ProofError(f"the tests imported vllm from {imported}, not from {overlay}")
-    return _read_report(report)
+    return _read_outcomes(outcomes)
 
 
-def _read_report(report: Path) -> Run:
+def _read_outcomes(path: Path) -> Run:
     run = Run()
-    for case in ElementTree.parse(report).iter("testcase"):
-        classname, name = case.get("classname", ""), case.get("name", "")
-        if not classname:  # a module that failed to import: pytest names it in `name`
-            run.uncollected.add(name.replace(".", "/") + ".py")
-            run.outcomes[f"{name}::<collection>"] = FAILED
-            continue
-        if case.find("skipped") is not None:
-            outcome = SKIPPED
-        elif case.find("failure") is not None or case.find("error") is not None:
-            outcome = FAILED
-        else:
-            outcome = PASSED
-        run.outcomes[f"{classname}::{name}"] = outcome
+    for line in path.read_text().splitlines():
+        record = json.loads(line)
+        test = record["test"]
+        run.outcomes[test] = record["outcome"]
+        run.seconds[test] = record["seconds"]
+        if record["error"]:
+            run.errors[test] = record["error"]
+        if test.endswith(COLLECTION):
+            run.uncollected.add(test.removesuffix(COLLECTION))
     return run

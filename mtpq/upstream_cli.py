@@ -1,4 +1,4 @@
-"""`python -m mtpq upstream check|prs|prove|lint`: the series as upstream pull requests."""
+"""`python -m mtpq upstream check|prs|prove|suite|lint`: the series as upstream pull requests."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtpq import installed, native_tests, upstream, upstream_lint
+from mtpq import installed, native_tests, upstream, upstream_lint, vllm_suite
 from mtpq.pin import load_pins, newest_pin, pin_for
 from mtpq.series import load_series
 
@@ -23,11 +23,13 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     release.add_argument(
         "--vllm", metavar="VERSION", help="the release whose series (default: the newest pinned)"
     )
-    actions.add_parser(
+    check = actions.add_parser(
         "check",
         parents=[release],
-        help="readiness: title, Bug/Forwarded, PR sections, a test file (exit 1 naming each gap)",
+        help="readiness: title, Bug/Forwarded, PR sections, a test file; with --python, also vLLM's own "
+        "tests (suite) on that installed vLLM (exit 1 naming each gap)",
     )
+    check.add_argument("--python", help="interpreter with the vLLM (a CPU test bed) to run the suite on")
     prs = actions.add_parser(
         "prs", parents=[release], help="write one directory per patch: the patch, title.txt, body.md"
     )
@@ -38,6 +40,16 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
         "(exit 1 if one passes without its patch or fails with it)",
     )
     prove.add_argument("--python", default=sys.executable, help="interpreter with the vLLM to test on")
+    suite = actions.add_parser(
+        "suite",
+        help="vLLM's own tests of the areas the series touches, on --python's installed vLLM with the "
+        "series: exit 1 listing every test that passes on stock and fails patched",
+    )
+    suite.add_argument("--python", default=sys.executable, help="interpreter with the vLLM to test on")
+    suite.add_argument(
+        "--record", action="store_true", help="run them on stock instead and record which pass"
+    )
+    suite.add_argument("--jobs", type=int, default=2, help="pytest processes at once (default 2)")
     lint = actions.add_parser(
         "lint", parents=[release], help="upstream's ruff, typos and pre-commit hooks on the touched files"
     )
@@ -54,6 +66,14 @@ def run(args: argparse.Namespace) -> int:
         for proof in proofs:
             print(native_tests.describe(proof))
         return 0 if all(proof.ok for proof in proofs) else 1
+    if args.action == "suite":
+        if args.record:
+            installation = installed.find_installation(args.python)
+            pin = pin_for(installed.installed_version(installation))
+            data = vllm_suite.record(installation, pin, load_series(pin.series_dir), args.jobs)
+            print(f"{vllm_suite.record_path(pin)}: {data['outcomes']}, {len(data['passed'])} recorded")
+            return 0
+        return _suite(args.python, args.jobs)
     pins = load_pins()
     pin = pin_for(args.vllm, pins) if args.vllm else newest_pin(pins)
     series = load_series(pin.series_dir)
@@ -63,7 +83,8 @@ def run(args: argparse.Namespace) -> int:
             print(finding)
         ready = len(upstream.proposed(series))
         print(f"{series.directory.name}: {'not ready' if findings else 'ready'} ({ready} pull request(s))")
-        return 1 if findings else 0
+        suite_ok = _suite(args.python) == 0 if args.python else True
+        return 0 if not findings and suite_ok else 1
     if args.action == "prs":
         for directory in upstream.write_pull_requests(series, args.out):
             print(directory)
@@ -74,3 +95,12 @@ def run(args: argparse.Namespace) -> int:
         if not result.ok and result.output:
             print("     " + result.output.replace("\n", "\n     "))
     return 0 if all(result.ok for result in results) else 1
+
+
+def _suite(python: str, jobs: int = 2) -> int:
+    """vLLM's own suite on `python`'s installed vLLM with the series serving its release."""
+    installation = installed.find_installation(python)
+    pin = pin_for(installed.installed_version(installation))
+    result = vllm_suite.check(installation, pin, load_series(pin.series_dir), jobs)
+    print(vllm_suite.describe(result))
+    return 1 if result.regressions else 0

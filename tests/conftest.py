@@ -113,6 +113,14 @@ def newest_pin():
 
 
 @pytest.fixture(scope="session")
+def engine_series():
+    """The test bed's vLLM, its pin and the series serving its release."""
+    installation = installed.find_installation(sys.executable)
+    pin = load_pins()[target_version()]
+    return installation, pin, load_series(pin.series_dir)
+
+
+@pytest.fixture(scope="session")
 def pinned_tree(release_pin) -> Path:
     """The cached git repository of a served release's sdist (baseline commit tagged v<version>)."""
     return gittree.pinned_tree(release_pin)

@@ -11,9 +11,9 @@ import sys
 
 import pytest
 from checkpoints import run_mtpq
-from conftest import target_version
+from series_edits import add_new_file
 
-from mtpq import installed, native_tests, upstream, upstream_lint
+from mtpq import native_tests, upstream, upstream_lint
 from mtpq.pin import load_pins, newest_pin
 from mtpq.series import SeriesError, load_series
 
@@ -21,16 +21,6 @@ from mtpq.series import SeriesError, load_series
 @pytest.fixture(scope="module")
 def upstream_series():
     return load_series(newest_pin(load_pins()).series_dir)
-
-
-def add_new_file(patch_path, path: str, *lines: str) -> None:
-    """Append to a patch file the creation of `path` holding `lines`."""
-    added = "".join(f"+{line}\n" for line in lines)
-    with patch_path.open("a") as patch:
-        patch.write(
-            f"diff --git a/{path} b/{path}\nnew file mode 100644\nindex 0000000..1111111\n"
-            f"--- /dev/null\n+++ b/{path}\n@@ -0,0 +1,{len(lines)} @@\n{added}"
-        )
 
 
 def replace_in_patch(directory, name: str, old: str, new: str) -> None:
@@ -103,14 +93,6 @@ def test_pull_request_directories_hold_the_patch_title_and_body(upstream_series,
     assert again.returncode == 2 and "exists" in again.stderr
 
 
-@pytest.fixture(scope="module")
-def engine_series():
-    """The test bed's vLLM and the series serving it (on the CPU engine: the newest series' patches)."""
-    installation = installed.find_installation(sys.executable)
-    pin = load_pins()[target_version()]
-    return installation, pin, load_series(pin.series_dir)
-
-
 def test_each_patch_s_vllm_native_tests_fail_without_it_and_pass_with_it(engine_series, upstream_series):
     proofs = native_tests.prove(*engine_series)
     print("\n".join(native_tests.describe(proof) for proof in proofs))
@@ -133,9 +115,8 @@ def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_c
     )
     copied = load_series(directory)
     (proof,) = native_tests.prove(installation, pin, copied, only={last.name})
-    assert (
-        "tests.test_mtpq_cannot_fail::test_nothing passes without the patch: it cannot fail" in proof.problems
-    )
+    expected = "tests/test_mtpq_cannot_fail.py::test_nothing passes without the patch: it cannot fail"
+    assert expected in proof.problems
     assert not proof.ok
 
 

@@ -1,0 +1,55 @@
+"""vLLM's own tests of the areas the series touches, from the release's sdist, on the CPU engine: none
+that passes on stock vLLM fails with the series (mtpq/vllm_suite.py). Which pass on stock is the
+release's record (mtpq/vllm_suite_stock/<release>.json, written by `upstream suite --record`)."""
+
+from __future__ import annotations
+
+from series_edits import change_file
+
+from mtpq import vllm_suite
+from mtpq.series import load_series
+
+
+def test_no_vllm_test_that_passes_on_stock_fails_with_the_series(engine_series):
+    installation, pin, series = engine_series
+    stock = vllm_suite.load_record(pin, installation)
+
+    result = vllm_suite.check(installation, pin, series)
+
+    print(vllm_suite.describe(result))
+    assert result.regressions == ()
+    # Every recorded test of the selected files ran: the record covers the series' areas.
+    assert result.tests == sum(test.partition("::")[0] in stock["files"] for test in stock["passed"])
+    assert result.tests > 0
+
+
+# with_retry (vllm/transformers_utils/repo_utils.py) must re-raise a fatal error at once.
+FATAL_ERRORS_RAISED = "        except fatal_errors:\n            raise\n"
+FATAL_ERRORS_SWALLOWED = "        except fatal_errors:\n            return None\n"
+BROKEN_TEST = "tests/transformers_utils/test_repo_utils.py::test_with_retry_does_not_retry_fatal_errors"
+
+
+def test_a_patch_that_breaks_a_vllm_test_is_reported_with_its_error(engine_series, series_copy):
+    installation, pin, series = engine_series
+    directory = series_copy(series)
+    last = series.patches[-1]
+    source = "vllm/transformers_utils/repo_utils.py"
+    original = (installation.site / source).read_text()
+    assert FATAL_ERRORS_RAISED in original
+    change_file(
+        directory.parent / last.path.parent.name / last.name,
+        source,
+        original,
+        original.replace(FATAL_ERRORS_RAISED, FATAL_ERRORS_SWALLOWED, 1),
+    )
+    stock = vllm_suite.load_record(pin, installation)
+    one_file = {
+        test: s for test, s in stock["passed"].items() if test.startswith(BROKEN_TEST.partition("::")[0])
+    }
+    assert BROKEN_TEST in one_file
+
+    result = vllm_suite.check(installation, pin, load_series(directory), stock={**stock, "passed": one_file})
+
+    assert [(r.test, r.outcome) for r in result.regressions] == [(BROKEN_TEST, "failed")]
+    assert result.regressions[0].error
+    assert result.tests == len(one_file)
