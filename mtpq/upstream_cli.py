@@ -49,7 +49,12 @@ def add_commands(commands: argparse._SubParsersAction) -> None:
     suite.add_argument(
         "--record", action="store_true", help="run them on stock instead and record which pass"
     )
-    suite.add_argument("--jobs", type=int, default=2, help="pytest processes at once (default 2)")
+    suite.add_argument(
+        "--jobs",
+        type=int,
+        default=vllm_suite.JOBS,
+        help=f"pytest processes at once (default {vllm_suite.JOBS})",
+    )
     lint = actions.add_parser(
         "lint", parents=[release], help="upstream's ruff, typos and pre-commit hooks on the touched files"
     )
@@ -97,7 +102,7 @@ def run(args: argparse.Namespace) -> int:
     return 0 if all(result.ok for result in results) else 1
 
 
-def _suite(python: str, jobs: int = 2) -> int:
+def _suite(python: str, jobs: int = vllm_suite.JOBS) -> int:
     """vLLM's own suite on `python`'s installed vLLM with the series serving its release."""
     installation = installed.find_installation(python)
     pin = pin_for(installed.installed_version(installation))

@@ -40,6 +40,8 @@ AREAS = (
     "tests/model_executor/test_*quantization*.py",
     "tests/models/test_registry.py",
 )
+# pytest processes at once: many of the tests wait rather than compute (see _run_sharded).
+JOBS = 4
 RECORDS = Path(__file__).resolve().parent / "vllm_suite_stock"
 _MODEL_DIRS = (("vllm", "model_executor", "models"), ("vllm", "models"))
 
@@ -93,7 +95,7 @@ def record_path(pin: Pin) -> Path:
     return RECORDS / f"{pin.version}.json"
 
 
-def record(installation: installed.Installation, pin: Pin, series: Series, jobs: int = 2) -> dict:
+def record(installation: installed.Installation, pin: Pin, series: Series, jobs: int = JOBS) -> dict:
     """Run the selected files on the stock package; then run the tests that passed, by node id as
     `check` runs them, and keep those that pass again (a test that passes only beside others it
     follows is no evidence). Writes and returns the record."""
@@ -126,7 +128,11 @@ def record(installation: installed.Installation, pin: Pin, series: Series, jobs:
 
 
 def check(
-    installation: installed.Installation, pin: Pin, series: Series, jobs: int = 2, stock: dict | None = None
+    installation: installed.Installation,
+    pin: Pin,
+    series: Series,
+    jobs: int = JOBS,
+    stock: dict | None = None,
 ) -> Result:
     """Run the tests that pass on stock (`stock`, by default the release's record) on the package with
     the whole series."""
@@ -199,11 +205,14 @@ def _run_sharded(
     jobs: int,
 ) -> Run:
     """One pytest per shard, in parallel; a file's tests stay in one shard (module fixtures), and the
-    shards are balanced by the seconds each test took before."""
+    shards are balanced by the seconds each test took before. Many of vLLM's tests wait on the Hub
+    (retries with back-off) rather than compute, so more shards than cores pay off."""
     shards: list[list[str]] = [[] for _ in range(jobs)]
     load = [0.0] * jobs
+    # A file not timed yet weighs what its size suggests.
     weight = {
-        path: sum(seconds.get(test, 1.0) for test in tests) for path, tests in arguments_by_file.items()
+        path: sum(seconds.get(test, 0.0) for test in tests) or (tree / path).stat().st_size / 2000
+        for path, tests in arguments_by_file.items()
     }
     for path in sorted(arguments_by_file, key=weight.__getitem__, reverse=True):
         lightest = load.index(min(load))
