@@ -5,4 +5,4 @@ import sys
 
 from mtpq.checkpoint_cli import main
 
-sys.exit(main())
+sys.exit(main(prog="python -m mtpq"))

@@ -1,5 +1,6 @@
-"""A local checkpoint directory as vLLM sees it before loading a tensor: config files and safetensors
-headers (through the survey's own bounded header reader), never tensor data."""
+"""A checkpoint as vLLM sees it before loading a tensor: config files and safetensors headers (through
+the survey's own bounded header reader), never tensor data; in a local directory, or on the Hub
+(mtpq.hub)."""
 
 from __future__ import annotations
 
@@ -40,7 +41,7 @@ class Coverage:
 
 @dataclass(frozen=True)
 class Checkpoint:
-    directory: Path
+    files: CheckpointFiles
     config: dict
     text_config: dict  # config["text_config"] for multimodal configs, else config itself
     quantization: dict | None  # quantization_config, or hf_quant_config.json's, with quant_method
@@ -50,9 +51,20 @@ class Checkpoint:
     index: dict[str, str] | None  # the weight map, when there is an index
     coverage: Coverage
     header_files: tuple[str, ...]
+    unread_files: tuple[str, ...]  # present, headers not read (files.every_header False): no MTP tensor
     header_bytes: int  # bytes of headers read
     tensor_bytes: int  # bytes of tensor data in the files read (not read)
+    unread_bytes: int  # the sizes of unread_files
     config_bytes: int
+
+    @property
+    def name(self) -> str:
+        return self.files.name
+
+    @property
+    def directory(self) -> Path:
+        """A local checkpoint's directory (graft writes beside it and links its files)."""
+        return self.files.directory
 
     @property
     def architecture(self) -> str:
@@ -68,7 +80,13 @@ class Checkpoint:
 
     @property
     def checkpoint_bytes(self) -> int:
-        return self.header_bytes + self.tensor_bytes
+        return self.header_bytes + self.tensor_bytes + self.unread_bytes
+
+    @property
+    def tensor_names(self) -> set[str]:
+        """Every tensor name known: the headers read, and the index's entries for unread files."""
+        unread = set(self.unread_files)
+        return set(self.tensors) | {name for name, file in (self.index or {}).items() if file in unread}
 
     def ignore_entries(self) -> tuple[str | None, list]:
         """(field name, entries) of the quantization config's list of unquantized modules."""
@@ -78,21 +96,127 @@ class Checkpoint:
         return None, []
 
 
-def read_json(path: Path, what: str) -> tuple[object, int]:
+class CheckpointFiles:
+    """Where a checkpoint's files are read from: a local directory (LocalFiles) or a Hub repository
+    (hub.HubFiles). Every method raises CheckpointError, one line naming the file."""
+
+    name: str  # what messages call the checkpoint
+    # Whether every shard's header is read (the index's coverage checked in full); False: only the
+    # shards the index maps MTP tensors to, where each header costs a round trip.
+    every_header = True
+
+    def path(self, file: str) -> str:
+        raise NotImplementedError
+
+    def exists(self, file: str) -> bool:
+        raise NotImplementedError
+
+    def safetensors_files(self) -> list[str]:
+        raise NotImplementedError
+
+    def file_size(self, file: str) -> int:
+        raise NotImplementedError
+
+    def read_bytes(self, file: str, what: str) -> bytes:
+        raise NotImplementedError
+
+    def read_header(self, file: str):
+        """The survey's SafetensorsHeader of one file, validated by the survey."""
+        raise NotImplementedError
+
+    def data_spans(self, file: str) -> dict[str, tuple[int, int]]:
+        """name -> (begin, end) file offsets of each tensor's data (after read_header validated it)."""
+        raise NotImplementedError
+
+    def read_range(self, file: str, begin: int, end: int) -> bytes:
+        """Exactly the bytes [begin, end) of a file."""
+        raise NotImplementedError
+
+    def survey_at_start_up(self, survey, checkpoint: Checkpoint, num_mtp_layers: int) -> None:
+        """Run a series' start-up survey (its module) on the checkpoint where it is: raises its errors."""
+        raise NotImplementedError
+
+
+class LocalFiles(CheckpointFiles):
+    def __init__(self, directory: Path):
+        self.directory = Path(directory)
+        self.name = str(directory)
+
+    def path(self, file: str) -> str:
+        return str(self.directory / file)
+
+    def exists(self, file: str) -> bool:
+        return (self.directory / file).is_file()
+
+    def safetensors_files(self) -> list[str]:
+        return sorted(path.name for path in self.directory.glob("*.safetensors"))
+
+    def file_size(self, file: str) -> int:
+        return (self.directory / file).stat().st_size
+
+    def read_bytes(self, file: str, what: str) -> bytes:
+        try:
+            return (self.directory / file).read_bytes()
+        except OSError as error:
+            raise CheckpointError(f"{self.path(file)}: unreadable {what} ({error})") from None
+
+    def read_header(self, file: str):
+        survey = load_survey()
+        try:
+            return survey.read_safetensors_header(self.directory / file)
+        except survey.CheckpointHeaderError as error:
+            raise CheckpointError(str(error)) from None
+
+    def data_spans(self, file: str) -> dict[str, tuple[int, int]]:
+        with open(self.directory / file, "rb") as stream:
+            length = int.from_bytes(stream.read(8), "little")
+            return spans_of(json.loads(stream.read(length)), 8 + length)
+
+    def read_range(self, file: str, begin: int, end: int) -> bytes:
+        with open(self.directory / file, "rb") as stream:
+            stream.seek(begin)
+            piece = stream.read(end - begin)
+        if len(piece) != end - begin:
+            raise CheckpointError(f"{self.path(file)}: ends before byte {end}")
+        return piece
+
+    def survey_at_start_up(self, survey, checkpoint: Checkpoint, num_mtp_layers: int) -> None:
+        survey.survey_mtp_checkpoint(self.directory, checkpoint.num_hidden_layers, num_mtp_layers)
+
+
+def spans_of(header: dict, data_start: int) -> dict[str, tuple[int, int]]:
+    """name -> (begin, end) file offsets of each tensor's data, from a header's JSON."""
+    return {
+        name: (data_start + entry["data_offsets"][0], data_start + entry["data_offsets"][1])
+        for name, entry in header.items()
+        if name != "__metadata__"
+    }
+
+
+def open_files(location: str | Path) -> CheckpointFiles:
+    """A local directory, or a Hub repository id or URL (mtpq.hub, with huggingface_hub)."""
+    from mtpq import hub  # standard library alone until a remote checkpoint is named
+
+    if isinstance(location, str) and hub.is_remote(location):
+        return hub.HubFiles(location)
+    return LocalFiles(Path(location))
+
+
+def read_json(files: CheckpointFiles, file: str, what: str) -> tuple[object, int]:
+    raw = files.read_bytes(file, what)
     try:
-        raw = path.read_bytes()
         return json.loads(raw), len(raw)
-    except (OSError, ValueError) as error:
-        raise CheckpointError(f"{path}: unreadable {what} ({error})") from None
+    except ValueError as error:
+        raise CheckpointError(f"{files.path(file)}: unreadable {what} ({error})") from None
 
 
-def read_config(directory: Path) -> tuple[dict, int]:
-    if not directory.is_dir():
-        raise CheckpointError(f"{directory}: not a checkpoint directory (no such directory)")
-    path = directory / CONFIG_FILE
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: not a checkpoint directory (no {CONFIG_FILE})")
-    config, size = read_json(path, "config")
+def read_config(files: CheckpointFiles) -> tuple[dict, int]:
+    if isinstance(files, LocalFiles) and not files.directory.is_dir():
+        raise CheckpointError(f"{files.name}: not a checkpoint directory (no such directory)")
+    if not files.exists(CONFIG_FILE):
+        raise CheckpointError(f"{files.name}: not a checkpoint directory (no {CONFIG_FILE})")
+    config, size = read_json(files, CONFIG_FILE, "config")
+    path = files.path(CONFIG_FILE)
     if not isinstance(config, dict):
         raise CheckpointError(f"{path}: not a JSON object")
     architectures = config.get("architectures")
@@ -110,60 +234,62 @@ def text_config_of(config: dict) -> dict:
     return text_config if isinstance(text_config, dict) else config
 
 
-def read_quantization(directory: Path, config: dict) -> tuple[dict | None, str | None, int]:
+def read_quantization(files: CheckpointFiles, config: dict) -> tuple[dict | None, str | None, int]:
     for where, holder in (("config.json", config), ("config.json text_config", text_config_of(config))):
         if isinstance(holder.get("quantization_config"), dict):
             return holder["quantization_config"], f"{where} quantization_config", 0
-    path = directory / MODELOPT_CONFIG_FILE
-    if not path.is_file():
+    if not files.exists(MODELOPT_CONFIG_FILE):
         return None, None, 0
-    modelopt, size = read_json(path, "ModelOpt quantization config")
+    modelopt, size = read_json(files, MODELOPT_CONFIG_FILE, "ModelOpt quantization config")
     quantization = modelopt.get("quantization") if isinstance(modelopt, dict) else None
     if not isinstance(quantization, dict):
-        raise CheckpointError(f"{path}: no 'quantization' object")
+        raise CheckpointError(f"{files.path(MODELOPT_CONFIG_FILE)}: no 'quantization' object")
     return {"quant_method": "modelopt", **quantization}, MODELOPT_CONFIG_FILE, size
 
 
-def read_index(directory: Path) -> tuple[dict[str, str] | None, int | None, int]:
+def read_index(files: CheckpointFiles) -> tuple[dict[str, str] | None, int | None, int]:
     survey = load_survey()
-    path = directory / survey.INDEX_FILE
-    if not path.exists():
+    if not files.exists(survey.INDEX_FILE):
         return None, None, 0
-    index, size = read_json(path, "safetensors index")
+    index, size = read_json(files, survey.INDEX_FILE, "safetensors index")
     weight_map = index.get("weight_map") if isinstance(index, dict) else None
     if not (isinstance(weight_map, dict) and all(isinstance(file, str) for file in weight_map.values())):
-        raise CheckpointError(f"{path}: weight_map is not an object of file names")
+        raise CheckpointError(f"{files.path(survey.INDEX_FILE)}: weight_map is not an object of file names")
     total_size = (index.get("metadata") or {}).get("total_size")
     return weight_map, total_size if type(total_size) is int else None, size
 
 
-def read_checkpoint(directory: Path) -> Checkpoint:
-    """Config files and every header vLLM would read; a one-line CheckpointError when unusable."""
+def read_checkpoint(location: str | Path | CheckpointFiles) -> Checkpoint:
+    """Config files and the headers vLLM would read (where files.every_header is False, only those of
+    the shards the index maps MTP tensors to); a one-line CheckpointError when unusable."""
     survey = load_survey()
-    directory = Path(directory)
-    config, config_bytes = read_config(directory)
-    quantization, quantization_source, modelopt_bytes = read_quantization(directory, config)
-    weight_map, total_size, index_bytes = read_index(directory)
-    present = sorted(path.name for path in directory.glob("*.safetensors"))
+    files = location if isinstance(location, CheckpointFiles) else open_files(location)
+    config, config_bytes = read_config(files)
+    quantization, quantization_source, modelopt_bytes = read_quantization(files, config)
+    weight_map, total_size, index_bytes = read_index(files)
+    present = files.safetensors_files()
     coverage: dict = {}
+    unread: list[str] = []
     if weight_map is None:
-        files = present
+        names = present
     else:
         by_file: dict[str, list[str]] = {}
         for name, file in weight_map.items():
             by_file.setdefault(file, []).append(name)
-        files = [file for file in sorted(by_file) if (directory / file).is_file()]
+        names = [file for file in sorted(by_file) if files.exists(file)]
         coverage["missing_files"] = {
-            file: sorted(names) for file, names in sorted(by_file.items()) if not (directory / file).is_file()
+            file: sorted(tensors) for file, tensors in sorted(by_file.items()) if not files.exists(file)
         }
         coverage["unindexed_files"] = [file for file in present if file not in by_file]
+        if not files.every_header:
+            layers = text_config_of(config)["num_hidden_layers"]
+            wanted = {file for name, file in weight_map.items() if survey.is_mtp_tensor(name, layers)}
+            unread = [file for file in names if file not in wanted]
+            names = [file for file in names if file in wanted]
     tensors, tensor_files, holders = {}, {}, {}
     header_bytes = tensor_bytes = 0
-    for file in files:
-        try:
-            header = survey.read_safetensors_header(directory / file)
-        except survey.CheckpointHeaderError as error:
-            raise CheckpointError(str(error)) from None
+    for file in names:
+        header = files.read_header(file)
         header_bytes += header.bytes_read
         tensor_bytes += header.file_size - header.bytes_read
         for name, info in header.tensors.items():
@@ -173,14 +299,15 @@ def read_checkpoint(directory: Path) -> Checkpoint:
     coverage["duplicates"] = {name: where for name, where in holders.items() if len(where) > 1}
     if weight_map is not None:
         coverage["unmapped"] = sorted(name for name in tensors if name not in weight_map)
-        read = set(files)
+        read = set(names)
         coverage["misplaced"] = sorted(
             name for name, file in weight_map.items() if file in read and file not in holders.get(name, ())
         )
-        if total_size is not None and total_size != tensor_bytes and not coverage["missing_files"]:
+        checkable = not coverage["missing_files"] and not unread
+        if total_size is not None and total_size != tensor_bytes and checkable:
             coverage["total_size"] = (total_size, tensor_bytes)
     return Checkpoint(
-        directory=directory,
+        files=files,
         config=config,
         text_config=text_config_of(config),
         quantization=quantization,
@@ -189,8 +316,10 @@ def read_checkpoint(directory: Path) -> Checkpoint:
         tensor_files=tensor_files,
         index=weight_map,
         coverage=Coverage(**coverage),
-        header_files=tuple(files),
+        header_files=tuple(names),
+        unread_files=tuple(unread),
         header_bytes=header_bytes,
         tensor_bytes=tensor_bytes,
+        unread_bytes=sum(files.file_size(file) for file in unread),
         config_bytes=config_bytes + modelopt_bytes + index_bytes,
     )

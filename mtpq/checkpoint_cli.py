@@ -12,6 +12,7 @@ from mtpq.checkpoint import CheckpointError
 from mtpq.doctor import diagnose
 from mtpq.gittree import TreeError
 from mtpq.graft import GraftError, graft
+from mtpq.hub import INSTALL_HINT
 from mtpq.pin import PinError, load_pins, pin_for
 from mtpq.series import SeriesError
 from mtpq.survey import SurveyLoadError
@@ -19,20 +20,24 @@ from mtpq.survey import SurveyLoadError
 EXIT_BAD_INPUT = 2
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m mtpq", description=__doc__)
+def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
         "doctor",
         help="tell a checkpoint's MTP fate on stock vLLM and with the series, from headers only",
         description=(
             "Read a checkpoint's config files and safetensors headers (never tensor data) and tell what "
-            "vLLM does with its MTP layers: works, crash, silent 0 %% acceptance or MTP silently off, "
-            "on stock vLLM and on vLLM with the mtpq series, and the fix. Exit code: 0 works, 1 broken, "
-            "3 unknown, 2 bad input."
+            "vLLM does with its MTP layers: works, crash, silent 0 % acceptance or MTP silently off, "
+            "on stock vLLM and on vLLM with the mtpq series, and the fix. A Hub repository (ORG/NAME"
+            "[@REVISION] or its URL) is read through HTTP range requests, before anything is downloaded "
+            f"(needs huggingface_hub: {INSTALL_HINT}). Exit code: 0 works, 1 broken, 3 unknown, "
+            "2 bad input."
         ),
     )
-    doctor.add_argument("checkpoint", type=Path, help="a local checkpoint directory")
+    doctor.add_argument(
+        "checkpoint", help="a local checkpoint directory, a Hub repository ORG/NAME[@REVISION], or its URL"
+    )
     doctor.add_argument("--vllm", metavar="VERSION", help="one pinned vLLM release (default: every one)")
     doctor.add_argument(
         "--platform",
@@ -55,7 +60,13 @@ def build_parser() -> argparse.ArgumentParser:
             "and the MTP config fields. Inputs are never modified; NEW_CKPT appears only complete."
         ),
     )
-    grafting.add_argument("--mtp-from", type=Path, required=True, metavar="BF16_CKPT")
+    grafting.add_argument(
+        "--mtp-from",
+        required=True,
+        metavar="BF16_CKPT",
+        help="the BF16 release: a local directory, or a Hub repository (ORG/NAME[@REVISION] or its URL) "
+        "of which only the MTP tensors' bytes are fetched",
+    )
     grafting.add_argument("quantized", type=Path, metavar="QUANT_CKPT")
     grafting.add_argument("--out", type=Path, required=True, metavar="NEW_CKPT")
     grafting.add_argument(
@@ -69,8 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
+    """The `mtpq` console script, and `python -m mtpq`."""
+    args = build_parser(prog).parse_args(argv)
     try:
         if args.command == "doctor":
             return _doctor(args)

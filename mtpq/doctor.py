@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mtpq import mtp_facts as facts
-from mtpq.checkpoint import Checkpoint, read_checkpoint, text_config_of
+from mtpq.checkpoint import Checkpoint, CheckpointFiles, read_checkpoint, text_config_of
 from mtpq.pin import load_pins
 from mtpq.survey import load_survey, series_survey
 
@@ -100,10 +100,13 @@ class Diagnosis:
         return dict(sorted({**stored, **self.survey.quantized}.items()))
 
 
-def diagnose(directory: Path, versions: list[str] | None = None, platform: str = "cuda") -> Diagnosis:
+def diagnose(
+    location: str | Path | CheckpointFiles, versions: list[str] | None = None, platform: str = "cuda"
+) -> Diagnosis:
+    """Judge a local checkpoint directory, a Hub repository id or URL, or opened CheckpointFiles."""
     started = time.perf_counter()
     survey = load_survey()
-    checkpoint = read_checkpoint(Path(directory))
+    checkpoint = read_checkpoint(location)
     architecture = facts.architecture_of(checkpoint.config)
     declaration = declared_mtp_layers(checkpoint.config, architecture)
     layers = checkpoint.num_hidden_layers
@@ -120,7 +123,7 @@ def diagnose(directory: Path, versions: list[str] | None = None, platform: str =
             files=checkpoint.header_files,
             bytes_read=checkpoint.header_bytes,
             checkpoint_bytes=checkpoint.checkpoint_bytes,
-            where=str(checkpoint.directory),
+            where=checkpoint.name,
         )
     except survey.MtpTensorsMissingError:
         found = None
@@ -245,16 +248,14 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
     if not declaration.known:
         return Verdict(UNKNOWN, declaration.source)
     if not declaration.count:
-        refusal = facts.PATCHED_NO_MTP_LAYERS.format(model=checkpoint.directory)
+        refusal = facts.PATCHED_NO_MTP_LAYERS.format(model=checkpoint.name)
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", refusal)
     if diagnosis.architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {checkpoint.architecture} is not known here")
     if diagnosis.tensors_missing:
         # The series' own start-up check, on the same survey: its words are the refusal's.
         try:
-            survey.survey_mtp_checkpoint(
-                checkpoint.directory, checkpoint.num_hidden_layers, declaration.count
-            )
+            checkpoint.files.survey_at_start_up(survey, checkpoint, declaration.count)
         except (survey.MtpTensorsMissingError, survey.CheckpointHeaderError) as error:
             return Verdict(
                 CRASH, f"start-up refuses: {_missing_tensors(diagnosis)}", facts.PATCHED_PREFIX + str(error)
@@ -473,7 +474,7 @@ def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str],
         return [], f"{loader} refuses every compressed-tensors checkpoint"
     modules = draft_modules(diagnosis, version)
     entries = [m.runtime for m in modules if m.built != "unquantized" and m.stored in facts.FLOAT_DTYPES]
-    main_modules = {name.rpartition(".")[0] for name in checkpoint.tensors}
+    main_modules = {name.rpartition(".")[0] for name in checkpoint.tensor_names}
     if clash := [entry for entry in entries if entry in main_modules and entry not in diagnosis.modules()]:
         return [], f"{clash[0]} is also a module of the main model: ignoring it would unquantize that"
     return entries, ""

@@ -21,7 +21,7 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
     coverage = checkpoint.coverage
     ignore_field, ignore = checkpoint.ignore_entries()
     return {
-        "checkpoint": str(checkpoint.directory),
+        "checkpoint": checkpoint.name,
         "architecture": checkpoint.architecture,
         "mtp_architecture": diagnosis.architecture and diagnosis.architecture.name,
         "num_hidden_layers": checkpoint.num_hidden_layers,
@@ -35,7 +35,9 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
         },
         "index": {
             "present": checkpoint.index is not None,
-            "complete": coverage.complete,
+            # None: the headers of files without MTP tensors were not read (a remote checkpoint)
+            "complete": None if checkpoint.unread_files else coverage.complete,
+            "unread_files": list(checkpoint.unread_files),
             "missing_files": sorted(coverage.missing_files),
             "unmapped": coverage.unmapped,
             "misplaced": coverage.misplaced,
@@ -78,7 +80,7 @@ def as_text(diagnosis: Diagnosis) -> str:
     )
     known_as = f"{architecture.name}, " if architecture else "no MTP architecture known here, "
     lines = [
-        f"checkpoint    {checkpoint.directory} ({checkpoint.architecture}: {known_as}"
+        f"checkpoint    {checkpoint.name} ({checkpoint.architecture}: {known_as}"
         f"{checkpoint.num_hidden_layers} decoder layers)",
         f"MTP declared  {_count(declaration) if declaration.known else 'unknown'} ({declaration.source})",
         f"MTP tensors   {_tensors(diagnosis)}",
@@ -142,10 +144,14 @@ def _index(diagnosis: Diagnosis) -> str:
         problems.append(f"total_size {coverage.total_size[0]}, the files hold {coverage.total_size[1]} bytes")
     if coverage.unindexed_files:
         problems.append(f"not in the index, so vLLM skips them: {', '.join(coverage.unindexed_files)}")
+    if checkpoint.unread_files:
+        # a remote checkpoint: the shards without MTP tensors are known by the index and their sizes
+        state += f" read, {len(checkpoint.unread_files)} without MTP tensors not read"
     if problems:
         return f"{state}: {'; '.join(problems)}"
     complete = "every tensor mapped, every mapped file present, " if indexed else ""
-    return f"{state}: {complete}no tensor in two files"
+    of_those = " of those read" if checkpoint.unread_files else ""
+    return f"{state}: {complete}no tensor in two files{of_those}"
 
 
 def _quantization(checkpoint) -> str:

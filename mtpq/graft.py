@@ -18,7 +18,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpq.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, read_checkpoint
+from mtpq.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, LocalFiles, read_checkpoint
 from mtpq.doctor import WORKS, diagnose, stock_ignore_entries
 from mtpq.survey import load_survey
 
@@ -40,13 +40,16 @@ class GraftResult:
 
 
 def graft(
-    bf16_dir: Path, quant_dir: Path, out: Path, stock_vllm: str | None = None, force: bool = False
+    bf16: str | Path, quant_dir: Path, out: Path, stock_vllm: str | None = None, force: bool = False
 ) -> GraftResult:
+    """bf16: a local directory, or a Hub repository id or URL, of which only the MTP tensors' bytes
+    (and the config files, the index and the headers of their shards) are read."""
     survey = load_survey()
-    source = _read(bf16_dir, "--mtp-from")
-    quant = _read(quant_dir, "QUANT_CKPT")
+    source = _read(bf16, "--mtp-from")
+    quant = _read(Path(quant_dir), "QUANT_CKPT")
     out = Path(out)
-    _check_out(out, [Path(bf16_dir), Path(quant_dir)], force)
+    local_inputs = [checkpoint.directory for checkpoint in (source, quant) if _is_local(checkpoint)]
+    _check_out(out, local_inputs, force)
     _check_same_model(source, quant)
     layers = quant.num_hidden_layers
     mtp = sorted(name for name in source.tensors if survey.is_mtp_tensor(name, layers))
@@ -69,7 +72,7 @@ def graft(
         _write_json(scratch / survey.INDEX_FILE, index)
         _write_json(scratch / CONFIG_FILE, config)
         result.lines.append(
-            f"grafted {len(mtp)} MTP tensors ({mtp_bytes} bytes) from {source.directory} into {mtp_file}; "
+            f"grafted {len(mtp)} MTP tensors ({mtp_bytes} bytes) from {source.name} into {mtp_file}; "
             f"{linked} file(s) hard-linked from {quant.directory}; new {CONFIG_FILE} and {survey.INDEX_FILE}"
         )
         result.lines.append(f"config: {', '.join(restored) or 'no MTP field missing'}")
@@ -82,6 +85,8 @@ def graft(
         _move_into_place(scratch, out, force)
     except OSError as error:
         raise GraftError(f"writing {out} failed ({error}); nothing was written") from None
+    except CheckpointError as error:
+        raise GraftError(f"--mtp-from: {error}; nothing was written") from None
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     result.lines.append(str(out))
@@ -105,11 +110,15 @@ def restore_mtp_fields(source: dict, target: dict) -> list[str]:
     return restored
 
 
-def _read(directory: Path, role: str) -> Checkpoint:
+def _read(location: str | Path, role: str) -> Checkpoint:
     try:
-        return read_checkpoint(Path(directory))
+        return read_checkpoint(location)
     except CheckpointError as error:
         raise GraftError(f"{role}: {error}") from None
+
+
+def _is_local(checkpoint: Checkpoint) -> bool:
+    return isinstance(checkpoint.files, LocalFiles)
 
 
 def _check_out(out: Path, inputs: list[Path], force: bool) -> None:
@@ -127,18 +136,18 @@ def _check_out(out: Path, inputs: list[Path], force: bool) -> None:
 def _check_same_model(source: Checkpoint, quant: Checkpoint) -> None:
     if source.architecture != quant.architecture:
         raise GraftError(
-            f"--mtp-from {source.directory}: architectures[0] is {source.architecture}, "
+            f"--mtp-from {source.name}: architectures[0] is {source.architecture}, "
             f"QUANT_CKPT's is {quant.architecture}"
         )
     for name in SAME_MODEL_FIELDS:
         ours, theirs = source.text_config.get(name), quant.text_config.get(name)
         if ours != theirs:
-            raise GraftError(f"--mtp-from {source.directory}: {name} is {ours!r}, QUANT_CKPT's is {theirs!r}")
+            raise GraftError(f"--mtp-from {source.name}: {name} is {ours!r}, QUANT_CKPT's is {theirs!r}")
 
 
 def _check_source(source: Checkpoint, mtp: list[str], layers: int) -> None:
     survey = load_survey()
-    where = f"--mtp-from {source.directory}"
+    where = f"--mtp-from {source.name}"
     if missing := [file for file, names in source.coverage.missing_files.items() if names]:
         raise GraftError(f"{where}: its index names {missing[0]}, which is missing")
     if not mtp:
@@ -189,12 +198,13 @@ def _link_or_copy(source: Path, target: Path) -> None:
 
 def _write_tensors(path: Path, source: Checkpoint, names: list[str]) -> int:
     """Write a safetensors file of the named source tensors, copying each one's bytes in pieces:
-    memory stays within one piece, whatever the tensors' sizes. Returns the bytes of tensor data."""
+    memory stays within one piece, whatever the tensors' sizes; a remote source is read by ranges, so
+    nothing but these tensors' bytes is fetched. Returns the bytes of tensor data."""
     spans, wanted = {}, set(names)  # name -> (source file, begin, end) of its data
     for file in sorted({source.tensor_files[name] for name in names}):
         spans |= {
-            name: (source.directory / file, *span)
-            for name, span in _data_spans(source.directory / file).items()
+            name: (file, *span)
+            for name, span in source.files.data_spans(file).items()
             if source.tensor_files.get(name) == file and name in wanted
         }
     # Largest items first, as safetensors writes them, so every tensor stays aligned to its item size.
@@ -215,31 +225,11 @@ def _write_tensors(path: Path, source: Checkpoint, names: list[str]) -> int:
         out.write(len(encoded).to_bytes(8, "little") + encoded)
         for name in order:
             file, begin, end = spans[name]
-            with open(file, "rb") as data:
-                data.seek(begin)
-                remaining = end - begin
-                while remaining:
-                    piece = data.read(min(remaining, _COPY_CHUNK))
-                    if not piece:
-                        raise GraftError(f"{file}: ends inside tensor {name}")
-                    out.write(piece)
-                    remaining -= len(piece)
+            for start in range(begin, end, _COPY_CHUNK):
+                out.write(source.files.read_range(file, start, min(end, start + _COPY_CHUNK)))
         out.flush()
         os.fsync(out.fileno())
     return offset
-
-
-def _data_spans(path: Path) -> dict[str, tuple[int, int]]:
-    """name -> (begin, end) file offsets of each tensor's data. The survey validated the header."""
-    with open(path, "rb") as file:
-        length = int.from_bytes(file.read(8), "little")
-        header = json.loads(file.read(length))
-    start = 8 + length
-    return {
-        name: (start + entry["data_offsets"][0], start + entry["data_offsets"][1])
-        for name, entry in header.items()
-        if name != "__metadata__"
-    }
 
 
 def _write_json(path: Path, value: dict) -> None:
