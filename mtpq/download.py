@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import subprocess
+import sys
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -47,7 +50,39 @@ def sweep_scratch() -> None:
 
 
 def index_url() -> str:
-    return os.environ.get("MTPQ_INDEX_URL", DEFAULT_INDEX_URL).rstrip("/")
+    """$MTPQ_INDEX_URL, else the index pip is configured with (PIP_INDEX_URL, pip.conf), else PyPI."""
+    configured = os.environ.get("MTPQ_INDEX_URL") or pip_index_url(
+        os.environ.get("PIP_INDEX_URL"), os.environ.get("PIP_CONFIG_FILE")
+    )
+    return (configured or DEFAULT_INDEX_URL).rstrip("/")
+
+
+# pip's precedence among the places `pip config list` reports an index-url in: its environment
+# variable, then the install command's section, then the global one.
+_PIP_INDEX_KEYS = (":env:.index-url", "install.index-url", "global.index-url")
+
+
+@functools.cache
+def pip_index_url(environment_url: str | None, config_file: str | None) -> str | None:
+    """The index-url pip's own configuration names (keyed by the variables that change it), or None.
+    Asked of `pip config` so every place pip reads (files, environment) counts; without pip, None."""
+    if environment_url:
+        return environment_url
+    try:
+        done = subprocess.run(
+            [sys.executable, "-m", "pip", "config", "list"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "PIP_DISABLE_PIP_VERSION_CHECK": "1"},
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    found = {}
+    for line in done.stdout.splitlines() if done.returncode == 0 else ():
+        key, _, value = line.partition("=")
+        found[key] = value.strip().strip("'\"")
+    return next((found[key].split()[0] for key in _PIP_INDEX_KEYS if found.get(key)), None)
 
 
 def sha256_of(path: Path) -> str:
@@ -150,8 +185,9 @@ def fetch(artifact: Artifact) -> Path:
 
 
 def pip_environment() -> dict[str, str]:
-    """pip on PyPI (or $MTPQ_INDEX_URL) alone: the lock's hashes name PyPI's files, and a machine's
-    pip configuration (extra indexes, find-links with local builds of torch) would offer others."""
+    """pip on one index alone, index_url()'s: the lock's hashes name that index's files, and the rest
+    of a machine's pip configuration (extra indexes, find-links with local builds of torch) would
+    offer others."""
     env = {key: value for key, value in os.environ.items() if not key.startswith("PIP_")}
     return {
         **env,

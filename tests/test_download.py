@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import os
 
 import pytest
 
-from mtpq.download import DownloadError, fetch
+from mtpq.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
 from mtpq.pin import Artifact
 
 GOOD = b"the pinned artifact\n"
@@ -59,3 +60,51 @@ def test_apply_refuses_a_tampered_sdist_and_builds_no_tree(index, run_apply, pin
 def test_apply_offline_with_an_empty_cache_says_so(run_apply, tmp_path):
     done = run_apply(env={"MTPQ_INDEX_URL": "http://127.0.0.1:9", "MTPQ_CACHE_DIR": str(tmp_path)})
     assert done.returncode == 2 and "cannot download" in done.stderr and "MTPQ_INDEX_URL" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("pip_conf", "variables", "expected"),
+    [
+        ("[global]\nindex-url = http://mirror.test/simple/\n", {}, "http://mirror.test/simple"),
+        (
+            "[global]\nindex-url = http://global.test/simple\n[install]\nindex-url = http://install.test/simple\n",
+            {},
+            "http://install.test/simple",
+        ),
+        (
+            "[global]\nindex-url = http://mirror.test/simple\n",
+            {"PIP_INDEX_URL": "http://env.test/simple"},
+            "http://env.test/simple",
+        ),
+        (
+            "[global]\nindex-url = http://mirror.test/simple\n",
+            {"MTPQ_INDEX_URL": "http://ours.test/simple"},
+            "http://ours.test/simple",
+        ),
+        (None, {}, DEFAULT_INDEX_URL),
+    ],
+    ids=[
+        "pip-conf",
+        "install-section-first",
+        "pip-index-url-variable",
+        "mtpq-index-url-first",
+        "pypi-without-config",
+    ],
+)
+def test_the_default_index_is_the_one_pip_is_configured_with(
+    tmp_path, monkeypatch, pip_conf, variables, expected
+):
+    for name in ("MTPQ_INDEX_URL", "PIP_INDEX_URL"):
+        monkeypatch.delenv(name, raising=False)
+    config = tmp_path / "pip.conf"
+    if pip_conf is None:
+        config = os.devnull  # pip then reads no configuration file at all
+    else:
+        config.write_text(pip_conf)
+    monkeypatch.setenv("PIP_CONFIG_FILE", str(config))
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+
+    assert index_url() == expected
+    environment = pip_environment()  # the test bed's pip: that index alone, no other configuration
+    assert environment["PIP_INDEX_URL"] == expected and environment["PIP_CONFIG_FILE"] == os.devnull
