@@ -6,9 +6,11 @@ graft) MTP tensors' bytes fetched, and the Hub's failures as one-line errors.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -28,8 +30,11 @@ from header_checkpoints import (
     write_safetensors,
 )
 from hub_server import TOKEN, HubServer
+from run import READY
 from test_doctor import export_without_mtp, quantized
 from test_graft import bf16_release, export, tensor_bytes
+
+from mtpq.download import cache_root, pip_environment
 
 pytest.importorskip("huggingface_hub")  # the test bed has it; `pip install 'mtpq[hub]'` elsewhere
 
@@ -350,3 +355,59 @@ def test_a_graft_whose_download_fails_leaves_nothing(tmp_path, hub):
 
     assert_one_line_error(done, "org/bf16/model.safetensors", "nothing was written")
     assert sorted(path.name for path in tmp_path.iterdir()) == ["bf16", "quant"]
+
+
+# --- pip install '.[hub]' ---------------------------------------------------------------------------
+
+PROJECT_FILES = ("pyproject.toml", "README.md", "VLLM_VERSIONS", "apply.py", "mtpq", "patches")
+
+
+def installed_venv(tmp_path: Path) -> Path:
+    """A fresh virtualenv (no system site-packages) with `pip install '.[hub]'` of this checkout. Its
+    dependencies are installed once and the venv kept in the mtpq cache, keyed by pyproject.toml;
+    mtpq itself is reinstalled from a copy of the checkout every time."""
+    key = hashlib.sha256((ROOT / "pyproject.toml").read_bytes() + sys.version.encode()).hexdigest()[:12]
+    venv = cache_root() / "install-test" / f"venv-{key}"
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in PROJECT_FILES:
+        if (ROOT / name).is_dir():
+            shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(ROOT / name, source / name)
+    pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "-qq"]
+    if not (venv / READY).exists():
+        shutil.rmtree(venv, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([*pip, f"{source}[hub]"], check=True, env=pip_environment())
+        (venv / READY).touch()
+    subprocess.run([*pip, "--no-deps", "--force-reinstall", str(source)], check=True, env=pip_environment())
+    return venv
+
+
+def test_pip_install_with_the_hub_extra_gives_a_working_mtpq_command(tmp_path, hub):
+    venv = installed_venv(tmp_path)
+    hub.add("org/ckpt", small_checkpoint(tmp_path / "ckpt"))
+    env = hub_env(hub) | {"PYTHONPATH": ""}
+    mtpq = [str(venv / "bin" / "mtpq"), "doctor"]
+
+    remote = subprocess.run([*mtpq, "org/ckpt"], cwd=tmp_path, capture_output=True, text=True, env=env)
+    local = subprocess.run(
+        [*mtpq, str(tmp_path / "ckpt")], cwd=tmp_path, capture_output=True, text=True, env=env
+    )
+    where = subprocess.run(
+        [str(venv / "bin" / "python"), "-c", "import mtpq, huggingface_hub; print(mtpq.__file__)"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+
+    assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
+    assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the installed copy
+    assert remote.returncode == local.returncode == 1, remote.stderr + local.stderr
+    assert "silent 0 % acceptance" in remote.stdout and remote.stdout.startswith("checkpoint    org/ckpt")
+    assert (
+        remote.stdout.split("\nquantization")[1].split("\nread")[0]
+        == local.stdout.split("\nquantization")[1].split("\nread")[0]
+    )
