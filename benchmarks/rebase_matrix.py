@@ -15,10 +15,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq import gittree, matrix  # noqa: E402
-from mtpq.download import DownloadError  # noqa: E402
-from mtpq.pin import PIN_FILE, Artifact, PinError, load_pins  # noqa: E402
-from mtpq.series import SeriesError, load_series  # noqa: E402
+from mtpq.apply import gittree, matrix  # noqa: E402
+from mtpq.apply.download import DownloadError  # noqa: E402
+from mtpq.apply.pin import PIN_FILE, Artifact, PinError, load_pins  # noqa: E402
+from mtpq.apply.series import SeriesError, load_series  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,1 +1,5 @@
-"""mtpq: a patch series that makes MTP speculative decoding work on quantized checkpoints."""
+"""mtpq: a patch series that makes MTP speculative decoding work on quantized checkpoints.
+
+By concern: apply/ applies the series to vLLM (apply.py), checkpoint/ holds the checkpoint tools
+(doctor, graft), upstream/ the upstream tools; command.py is the `mtpq` command line over the last two.
+"""

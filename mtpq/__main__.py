@@ -3,6 +3,6 @@ no torch, no vLLM; `upstream prove` runs the tests in an interpreter that has th
 
 import sys
 
-from mtpq.checkpoint_cli import main
+from mtpq.command import main
 
 sys.exit(main(prog="python -m mtpq"))

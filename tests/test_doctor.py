@@ -26,10 +26,10 @@ from header_checkpoints import (
     write_safetensors,
 )
 
-from mtpq import doctor
-from mtpq.checkpoint import CheckpointError
-from mtpq.pin import load_pins, newest_pin
-from mtpq.survey import (
+from mtpq.apply.pin import load_pins, newest_pin
+from mtpq.checkpoint import doctor
+from mtpq.checkpoint.reader import CheckpointError
+from mtpq.checkpoint.survey import (
     SURVEY_PATH,
     SurveyLoadError,
     load_survey,
@@ -365,7 +365,7 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
 
 
 def test_the_survey_runs_without_the_regex_package_and_vllm():
-    script = "from mtpq.survey import load_survey; load_survey(); import regex"
+    script = "from mtpq.checkpoint.survey import load_survey; load_survey(); import regex"
     done = subprocess.run([sys.executable, "-S", "-c", script], cwd=ROOT, capture_output=True, text=True)
 
     assert done.stderr.endswith("ModuleNotFoundError: No module named 'regex'\n")  # the survey loaded

@@ -7,8 +7,8 @@ import os
 
 import pytest
 
-from mtpq.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
-from mtpq.pin import Artifact
+from mtpq.apply.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
+from mtpq.apply.pin import Artifact
 
 GOOD = b"the pinned artifact\n"
 

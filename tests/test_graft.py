@@ -19,9 +19,9 @@ from checkpoints import run_mtpq
 from conftest import ROOT
 from header_checkpoints import DSV3_FP8_CONFIG, INDEX_FILE, LAYOUTS, compressed_tensors, write_checkpoint
 
-from mtpq import graft as grafting
-from mtpq.checkpoint import read_checkpoint
-from mtpq.doctor import WORKS, diagnose
+from mtpq.checkpoint import graft as grafting
+from mtpq.checkpoint.doctor import WORKS, diagnose
+from mtpq.checkpoint.reader import read_checkpoint
 
 MTP_FIELDS = {
     "mimo": ["num_nextn_predict_layers"],

@@ -47,11 +47,11 @@ from pathlib import Path
 
 import pytest
 
-from mtpq import installed
-from mtpq.download import cache_root, fetch
-from mtpq.installed import MISSING
-from mtpq.pin import load_pins
-from mtpq.status import ALREADY_APPLIED, CONFLICT
+from mtpq.apply import installed
+from mtpq.apply.download import cache_root, fetch
+from mtpq.apply.installed import MISSING
+from mtpq.apply.pin import load_pins
+from mtpq.apply.status import ALREADY_APPLIED, CONFLICT
 
 pytestmark = pytest.mark.images
 
@@ -243,7 +243,7 @@ def sm121_standin(
         standin_key(buildah_env, arm64_debian),
         newest_pin.wheel("aarch64").sha256.encode(),
         newest_series.series_id.encode(),
-        (REPO_ROOT / "mtpq" / "wheel.py").read_bytes(),
+        (REPO_ROOT / "mtpq" / "apply" / "wheel.py").read_bytes(),
     ]
     return cached_image(buildah_env, ref, recipe, build)
 

@@ -7,8 +7,8 @@ import shutil
 import pytest
 from faults import Environment, fingerprint
 
-from mtpq import installed
-from mtpq.installed import STATE_DIR_NAME
+from mtpq.apply import installed
+from mtpq.apply.installed import STATE_DIR_NAME
 
 
 @pytest.fixture

@@ -1,4 +1,4 @@
-"""The rebase matrix (mtpq/matrix.py, benchmarks/rebase_matrix.py) on synthetic vLLM releases served
+"""The rebase matrix (mtpq/apply/matrix.py, benchmarks/rebase_matrix.py) on synthetic vLLM releases served
 from a loopback index: what each patch of a series does on each release, and the inputs it refuses."""
 
 from __future__ import annotations
@@ -14,11 +14,11 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, git
 
-from mtpq import gittree, matrix
-from mtpq.download import DownloadError
-from mtpq.gittree import MTPQ_IDENT
-from mtpq.pin import Artifact, Pin, load_pins
-from mtpq.series import load_series
+from mtpq.apply import gittree, matrix
+from mtpq.apply.download import DownloadError
+from mtpq.apply.gittree import MTPQ_IDENT
+from mtpq.apply.pin import Artifact, Pin, load_pins
+from mtpq.apply.series import load_series
 
 IDENTITY = {**os.environ, **MTPQ_IDENT}
 DEP3 = "Origin: vendor\nForwarded: no\nBug: none\nApplied-Upstream: no\nLast-Update: 2026-01-01\n"

@@ -13,9 +13,9 @@ import pytest
 from checkpoints import run_mtpq
 from series_edits import add_new_file
 
-from mtpq import native_tests, upstream, upstream_lint
-from mtpq.pin import load_pins, newest_pin
-from mtpq.series import SeriesError, load_series
+from mtpq.apply.pin import load_pins, newest_pin
+from mtpq.apply.series import SeriesError, load_series
+from mtpq.upstream import lint, native_tests, pull_requests
 
 
 @pytest.fixture(scope="module")
@@ -31,38 +31,38 @@ def replace_in_patch(directory, name: str, old: str, new: str) -> None:
 
 
 def test_the_newest_series_is_ready_for_upstream(upstream_series):
-    assert upstream.check_ready(upstream_series) == []
+    assert pull_requests.check_ready(upstream_series) == []
     done = run_mtpq("upstream", "check")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert f"ready ({len(upstream.proposed(upstream_series))} pull request(s))" in done.stdout
+    assert f"ready ({len(pull_requests.proposed(upstream_series))} pull request(s))" in done.stdout
 
 
 def test_every_proposed_patch_carries_a_test_in_vllms_layout(upstream_series):
-    for patch in upstream.proposed(upstream_series):
-        tests = upstream.test_files(patch)
+    for patch in pull_requests.proposed(upstream_series):
+        tests = pull_requests.test_files(patch)
         assert tests, patch.name
-        assert all(path in upstream.sections(patch)["Test Plan"] for path in tests), patch.name
+        assert all(path in pull_requests.sections(patch)["Test Plan"] for path in tests), patch.name
 
 
 def test_a_patch_without_tests_or_threads_fails_the_check_naming_it(upstream_series, series_copy):
     directory = series_copy(upstream_series)
-    first, second, third = (patch.name for patch in upstream.proposed(upstream_series)[:3])
+    first, second, third = (patch.name for patch in pull_requests.proposed(upstream_series)[:3])
     replace_in_patch(directory, first, "\nBug: https://github.com/", "\nBug: see ../shared/seeds/")
     replace_in_patch(directory, second, "\nForwarded: no\n", "\nForwarded: maybe\n")
     replace_in_patch(directory, third, "\nTest Result:\n", "\nResults:\n")
-    findings = {(f.patch, f.field) for f in upstream.check_ready(load_series(directory))}
+    findings = {(f.patch, f.field) for f in pull_requests.check_ready(load_series(directory))}
     assert {(first, "Bug"), (first, "message"), (second, "Forwarded"), (third, "Test Result")} <= findings
 
 
 def test_a_patch_that_drops_its_test_file_fails_the_check(upstream_series, series_copy):
     directory = series_copy(upstream_series)
-    patch = upstream.proposed(upstream_series)[-1]
-    (test_file,) = upstream.test_files(patch)
+    patch = pull_requests.proposed(upstream_series)[-1]
+    (test_file,) = pull_requests.test_files(patch)
     text = (directory / patch.name).read_text()
     start = text.index(f"diff --git a/{test_file}")
     following = text.find("\ndiff --git ", start + 1)
     (directory / patch.name).write_text(text[:start] + (text[following + 1 :] if following != -1 else ""))
-    findings = [str(f) for f in upstream.check_ready(load_series(directory))]
+    findings = [str(f) for f in pull_requests.check_ready(load_series(directory))]
     assert f"{patch.name}: tests: adds no test file under tests/ (tests/**/test_*.py)" in findings
 
 
@@ -78,7 +78,7 @@ def test_pull_request_directories_hold_the_patch_title_and_body(upstream_series,
     out = tmp_path / "prs"
     done = run_mtpq("upstream", "prs", str(out))
     assert done.returncode == 0, done.stderr
-    stack = upstream.proposed(upstream_series)
+    stack = pull_requests.proposed(upstream_series)
     directories = sorted(out.iterdir())
     assert [d.name for d in directories] == [f"{n:02d}-{p.path.stem}" for n, p in enumerate(stack, 1)]
     for directory, patch in zip(directories, stack, strict=True):
@@ -97,7 +97,7 @@ def test_each_patch_s_vllm_native_tests_fail_without_it_and_pass_with_it(engine_
     proofs = native_tests.prove(*engine_series)
     print("\n".join(native_tests.describe(proof) for proof in proofs))
     proven = {proof.patch for proof in proofs if proof.ok}
-    assert {patch.name for patch in upstream.proposed(upstream_series)} <= proven, [
+    assert {patch.name for patch in pull_requests.proposed(upstream_series)} <= proven, [
         native_tests.describe(proof) for proof in proofs if not proof.ok
     ]
 
@@ -128,7 +128,7 @@ REPORTED_ONLY = {"check-test-tethering"}
 
 def test_upstreams_linters_pass_on_the_series(upstream_series):
     pin = newest_pin(load_pins())
-    results = upstream_lint.lint(pin, upstream_series, sys.executable)
+    results = lint.lint(pin, upstream_series, sys.executable)
     failed = {r.hook: r.output for r in results if not r.ok and r.hook not in REPORTED_ONLY}
     assert failed == {}
     assert {"ruff-check", "ruff-format", "typos", "check-spdx-header", *REPORTED_ONLY} <= {
@@ -141,6 +141,6 @@ def test_upstreams_linters_name_a_file_without_an_spdx_header(upstream_series, s
     last = upstream_series.patches[-1]
     added = "vllm/mtpq_lint_probe.py"
     add_new_file(directory / last.name, added, "VALUE = 1")
-    results = upstream_lint.lint(newest_pin(load_pins()), load_series(directory), sys.executable)
+    results = lint.lint(newest_pin(load_pins()), load_series(directory), sys.executable)
     failed = {r.hook: r.output for r in results if not r.ok and r.hook not in REPORTED_ONLY}
     assert list(failed) == ["check-spdx-header"] and added in failed["check-spdx-header"]

@@ -1,13 +1,14 @@
 """vLLM's own tests of the areas the series touches, from the release's sdist, on the CPU engine: none
-that passes on stock vLLM fails with the series (mtpq/vllm_suite.py). Which pass on stock is the
-release's record (mtpq/vllm_suite_stock/<release>.json, written by `upstream suite --record`)."""
+that passes on stock vLLM fails with the series (mtpq/upstream/vllm_suite.py). Which pass on stock is
+the release's record (mtpq/upstream/vllm_suite_stock/<release>.json, written by `upstream suite
+--record`)."""
 
 from __future__ import annotations
 
 from series_edits import change_file
 
-from mtpq import vllm_suite
-from mtpq.series import load_series
+from mtpq.apply.series import load_series
+from mtpq.upstream import vllm_suite
 
 
 def test_no_vllm_test_that_passes_on_stock_fails_with_the_series(engine_series):

@@ -17,10 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import gittree
-from mtpq.download import cache_root, pip_environment, scratch_dir
-from mtpq.pin import Pin
-from mtpq.series import Series
+from mtpq.apply import gittree
+from mtpq.apply.download import cache_root, pip_environment, scratch_dir
+from mtpq.apply.pin import Pin
+from mtpq.apply.series import Series
 
 LOCK = Path(__file__).resolve().parent / "upstream-lint.lock"
 _READY = ".mtpq-ready"

@@ -7,12 +7,12 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-_CHECKOUT_ROOT = Path(__file__).resolve().parent.parent
+_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 # Installed with pip, the wheel carries VLLM_VERSIONS and patches/ in mtpq/project_files/ (pyproject.toml).
 PROJECT_ROOT = (
     _CHECKOUT_ROOT
     if (_CHECKOUT_ROOT / "VLLM_VERSIONS").is_file()
-    else Path(__file__).resolve().parent / "project_files"
+    else Path(__file__).resolve().parents[1] / "project_files"
 )
 PIN_FILE = PROJECT_ROOT / "VLLM_VERSIONS"
 PATCHES_DIR = PROJECT_ROOT / "patches"

@@ -1,8 +1,8 @@
 """`python -m mtpq doctor CKPT`: a checkpoint's MTP fate on stock vLLM and on vLLM with the series,
 told from config files and safetensors headers before any GPU is rented.
 
-The survey of the MTP tensors is the series' own (mtpq/survey.py); what each vLLM release builds
-from them is mtp_facts.py's. The rules combining the two are here: stock_verdict and patched_verdict.
+The survey of the MTP tensors is the series' own (mtpq/checkpoint/survey.py); what each vLLM release
+builds from them is facts.py's. The rules combining the two are here: stock_verdict and patched_verdict.
 """
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from mtpq import mtp_facts as facts
-from mtpq.checkpoint import Checkpoint, CheckpointFiles, read_checkpoint, text_config_of
-from mtpq.pin import load_pins
-from mtpq.survey import load_survey, series_survey
+from mtpq.apply.pin import load_pins
+from mtpq.checkpoint import facts
+from mtpq.checkpoint.reader import Checkpoint, CheckpointFiles, read_checkpoint, text_config_of
+from mtpq.checkpoint.survey import load_survey, series_survey
 
 WORKS = "works"
 OFF = "MTP silently off"

@@ -24,11 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpq import crashsafe, gittree, installed
-from mtpq.download import cache_root, scratch_dir
-from mtpq.pin import Pin
-from mtpq.series import Patch, Series
-from mtpq.upstream import test_files
+from mtpq.apply import crashsafe, gittree, installed
+from mtpq.apply.download import cache_root, scratch_dir
+from mtpq.apply.pin import Pin
+from mtpq.apply.series import Patch, Series
+from mtpq.upstream.pull_requests import test_files
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 COLLECTION = "::<collection>"  # how the outcomes plugin names a test file that does not import

@@ -7,15 +7,17 @@ import json
 import sys
 from pathlib import Path
 
-from mtpq import doctor_report, mtp_facts, native_tests, upstream, upstream_cli, upstream_lint, vllm_suite
-from mtpq.checkpoint import CheckpointError
-from mtpq.doctor import diagnose
-from mtpq.gittree import TreeError
-from mtpq.graft import GraftError, graft
-from mtpq.hub import INSTALL_HINT
-from mtpq.pin import PinError, load_pins, pin_for
-from mtpq.series import SeriesError
-from mtpq.survey import SurveyLoadError
+from mtpq.apply.gittree import TreeError
+from mtpq.apply.pin import PinError, load_pins, pin_for
+from mtpq.apply.series import SeriesError
+from mtpq.checkpoint import facts, report
+from mtpq.checkpoint.doctor import diagnose
+from mtpq.checkpoint.graft import GraftError, graft
+from mtpq.checkpoint.hub import INSTALL_HINT
+from mtpq.checkpoint.reader import CheckpointError
+from mtpq.checkpoint.survey import SurveyLoadError
+from mtpq.upstream import command as upstream_command
+from mtpq.upstream import lint, native_tests, pull_requests, vllm_suite
 
 EXIT_BAD_INPUT = 2
 
@@ -41,7 +43,7 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
     doctor.add_argument("--vllm", metavar="VERSION", help="one pinned vLLM release (default: every one)")
     doctor.add_argument(
         "--platform",
-        choices=mtp_facts.PLATFORMS,
+        choices=facts.PLATFORMS,
         default="cuda",
         help="where vLLM runs: some draft MoE schemes have no kernel on some platforms (%(default)s)",
     )
@@ -76,7 +78,7 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         "that alone makes it work (exit 1 where it cannot; the checkpoint is still written)",
     )
     grafting.add_argument("--force", action="store_true", help="replace NEW_CKPT if it exists")
-    upstream_cli.add_commands(commands)
+    upstream_command.add_commands(commands)
     return parser
 
 
@@ -87,7 +89,7 @@ def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
         if args.command == "doctor":
             return _doctor(args)
         if args.command == "upstream":
-            return upstream_cli.run(args)
+            return upstream_command.run(args)
         return _graft(args)
     except (
         CheckpointError,
@@ -96,8 +98,8 @@ def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
         PinError,
         SeriesError,
         TreeError,
-        upstream.NotReadyError,
-        upstream_lint.LintError,
+        pull_requests.NotReadyError,
+        lint.LintError,
         native_tests.ProofError,
         vllm_suite.SuiteError,
     ) as error:
@@ -110,10 +112,10 @@ def _doctor(args: argparse.Namespace) -> int:
     diagnosis = diagnose(args.checkpoint, versions, args.platform)
     flavour = "patched" if args.with_series else "stock"
     if args.json:
-        print(json.dumps(doctor_report.as_json(diagnosis, flavour), indent=2))
+        print(json.dumps(report.as_json(diagnosis, flavour), indent=2))
     else:
-        print(doctor_report.as_text(diagnosis))
-    return doctor_report.exit_code(diagnosis, flavour)
+        print(report.as_text(diagnosis))
+    return report.exit_code(diagnosis, flavour)
 
 
 def _graft(args: argparse.Namespace) -> int:

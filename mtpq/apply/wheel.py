@@ -20,10 +20,10 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from mtpq import crashsafe, gittree, installed, status
-from mtpq.download import fetch
-from mtpq.pin import Pin
-from mtpq.series import Series
+from mtpq.apply import crashsafe, gittree, installed, status
+from mtpq.apply.download import fetch
+from mtpq.apply.pin import Pin
+from mtpq.apply.series import Series
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _CENTRAL_HEADER = struct.Struct("<4s4B4HL2L5H2L")

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
-from mtpq import crashsafe
-from mtpq.pin import Artifact
+from mtpq.apply import crashsafe
+from mtpq.apply.pin import Artifact
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 CHUNK = 1 << 20

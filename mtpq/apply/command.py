@@ -7,11 +7,11 @@ import sys
 import time
 from pathlib import Path
 
-from mtpq import gittree, installed, status
-from mtpq.download import DownloadError, sweep_scratch
-from mtpq.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
-from mtpq.series import Series, SeriesError, load_series
-from mtpq.wheel import WheelError, build_wheel
+from mtpq.apply import gittree, installed, status
+from mtpq.apply.download import DownloadError, sweep_scratch
+from mtpq.apply.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
+from mtpq.apply.series import Series, SeriesError, load_series
+from mtpq.apply.wheel import WheelError, build_wheel
 
 EXIT_CONFLICT = 1
 EXIT_BAD_INPUT = 2

@@ -16,8 +16,8 @@ import types
 import urllib.parse
 from pathlib import Path
 
-from mtpq.checkpoint import CheckpointError, CheckpointFiles, spans_of
-from mtpq.survey import load_survey
+from mtpq.checkpoint.reader import CheckpointError, CheckpointFiles, spans_of
+from mtpq.checkpoint.survey import load_survey
 
 INSTALL_HINT = "pip install 'mtpq[hub]'"
 MIN_HUB_VERSION = "1.0"  # as pyproject.toml's `hub` extra asks

@@ -23,8 +23,8 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from mtpq.pin import newest_pin
-from mtpq.series import SeriesError, load_series
+from mtpq.apply.pin import newest_pin
+from mtpq.apply.series import SeriesError, load_series
 
 SURVEY_PATH = "vllm/transformers_utils/mtp_checkpoint.py"
 MODULE_NAME = "mtpq._vllm_mtp_checkpoint"

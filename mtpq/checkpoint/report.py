@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from mtpq.doctor import CRASH, OFF, UNKNOWN, ZERO, Diagnosis, scheme_label
+from mtpq.checkpoint.doctor import CRASH, OFF, UNKNOWN, ZERO, Diagnosis, scheme_label
 
 EXIT_WORKS = 0
 EXIT_BROKEN = 1  # a crash, silent 0 % acceptance or MTP silently off

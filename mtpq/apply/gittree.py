@@ -23,11 +23,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import crashsafe, status
-from mtpq.download import cache_root, fetch, scratch_dir
-from mtpq.pin import Artifact, Pin, release_in, release_tag
-from mtpq.series import Patch, Series, load_series, parse_patch, write_series
-from mtpq.status import PatchResult
+from mtpq.apply import crashsafe, status
+from mtpq.apply.download import cache_root, fetch, scratch_dir
+from mtpq.apply.pin import Artifact, Pin, release_in, release_tag
+from mtpq.apply.series import Patch, Series, load_series, parse_patch, write_series
+from mtpq.apply.status import PatchResult
 
 # Fixed identity and date for commits mtpq makes itself, so the same inputs give the same ids.
 MTPQ_IDENT = {

@@ -14,8 +14,8 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import crashsafe
-from mtpq.series import DEP3_FIELDS, Patch, Series
+from mtpq.apply import crashsafe
+from mtpq.apply.series import DEP3_FIELDS, Patch, Series
 
 SECTIONS = ("Purpose", "Test Plan", "Test Result")
 NOT_FOR_UPSTREAM = "not-needed"

@@ -6,16 +6,17 @@ import argparse
 import sys
 from pathlib import Path
 
-from mtpq import installed, native_tests, upstream, upstream_lint, vllm_suite
-from mtpq.pin import load_pins, newest_pin, pin_for
-from mtpq.series import load_series
+from mtpq.apply import installed
+from mtpq.apply.pin import load_pins, newest_pin, pin_for
+from mtpq.apply.series import load_series
+from mtpq.upstream import lint, native_tests, pull_requests, vllm_suite
 
 
 def add_commands(commands: argparse._SubParsersAction) -> None:
     parser = commands.add_parser(
         "upstream",
         help="check the series is ready for upstream, write its pull requests, prove and lint its tests",
-        description=upstream.__doc__,
+        description=pull_requests.__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     actions = parser.add_subparsers(dest="action", required=True)
@@ -83,18 +84,18 @@ def run(args: argparse.Namespace) -> int:
     pin = pin_for(args.vllm, pins) if args.vllm else newest_pin(pins)
     series = load_series(pin.series_dir)
     if args.action == "check":
-        findings = upstream.check_ready(series)
+        findings = pull_requests.check_ready(series)
         for finding in findings:
             print(finding)
-        ready = len(upstream.proposed(series))
+        ready = len(pull_requests.proposed(series))
         print(f"{series.directory.name}: {'not ready' if findings else 'ready'} ({ready} pull request(s))")
         suite_ok = _suite(args.python) == 0 if args.python else True
         return 0 if not findings and suite_ok else 1
     if args.action == "prs":
-        for directory in upstream.write_pull_requests(series, args.out):
+        for directory in pull_requests.write_pull_requests(series, args.out):
             print(directory)
         return 0
-    results = upstream_lint.lint(pin, series, args.python)
+    results = lint.lint(pin, series, args.python)
     for result in results:
         print(f"{'ok  ' if result.ok else 'FAIL'} {result.hook}")
         if not result.ok and result.output:

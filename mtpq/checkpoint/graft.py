@@ -18,9 +18,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpq.checkpoint import CONFIG_FILE, Checkpoint, CheckpointError, LocalFiles, read_checkpoint
-from mtpq.doctor import WORKS, diagnose, stock_ignore_entries
-from mtpq.survey import load_survey
+from mtpq.checkpoint.doctor import WORKS, diagnose, stock_ignore_entries
+from mtpq.checkpoint.reader import CONFIG_FILE, Checkpoint, CheckpointError, LocalFiles, read_checkpoint
+from mtpq.checkpoint.survey import load_survey
 
 MTP_FILE = "model_mtp.safetensors"
 # The model facts a grafted MTP layer must share with the quantized checkpoint.

@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import gittree, status
-from mtpq.download import DownloadError, cache_root, index_url, published_artifacts
-from mtpq.pin import PIN_FILE, Artifact, Pin, release_tag, version_key
-from mtpq.series import Series
-from mtpq.status import PatchResult
+from mtpq.apply import gittree, status
+from mtpq.apply.download import DownloadError, cache_root, index_url, published_artifacts
+from mtpq.apply.pin import PIN_FILE, Artifact, Pin, release_tag, version_key
+from mtpq.apply.series import Series
+from mtpq.apply.status import PatchResult
 
 PROJECT = "vllm"
 _FINAL_SDIST = re.compile(r"vllm-(\d+\.\d+\.\d+)\.tar\.gz")  # no pre-, post- or dev releases

@@ -8,7 +8,7 @@ of a test bed, under vLLM's conftest, with the vllm package first on PYTHONPATH 
 (native_tests): the stock package, or the package with the whole series.
 
 Which tests pass on stock is a property of the release and its engine, so it is recorded once
-(`record`, into mtpq/vllm_suite_stock/<release>.json) rather than rerun every time: `check` runs
+(`record`, into mtpq/upstream/vllm_suite_stock/<release>.json) rather than rerun every time: `check` runs
 only the recorded tests, on the patched package, and lists every one that does not pass there with
 its error. Zero is the only passing result.
 """
@@ -24,12 +24,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mtpq import installed
-from mtpq.download import scratch_dir, sha256_of
-from mtpq.native_tests import PASSED, Run, overlays, run_pytest, tests_tree
-from mtpq.pin import Pin
-from mtpq.series import Series
-from mtpq.upstream import test_files
+from mtpq.apply import installed
+from mtpq.apply.download import scratch_dir, sha256_of
+from mtpq.apply.pin import Pin
+from mtpq.apply.series import Series
+from mtpq.upstream.native_tests import PASSED, Run, overlays, run_pytest, tests_tree
+from mtpq.upstream.pull_requests import test_files
 
 AREAS = (
     "tests/test_config.py",

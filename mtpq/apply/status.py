@@ -13,7 +13,7 @@ CONFLICT = "conflict"
 FAILED = "failed"
 NOT_TRIED = "not tried"
 SUCCESSES = (APPLIED, APPLIED_3WAY, ALREADY_UPSTREAM, ALREADY_APPLIED)
-# Shorter words for the rebase matrix (mtpq/matrix.py), whose column per release must stay narrow.
+# Shorter words for the rebase matrix (mtpq/apply/matrix.py), whose column per release must stay narrow.
 MATRIX_WORDS = {APPLIED: "clean", APPLIED_3WAY: "3-way"}
 
 

@@ -24,12 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq import crashsafe, status
-from mtpq.download import scratch_dir, sha256_of
-from mtpq.gittree import TreeError
-from mtpq.pin import release_in
-from mtpq.series import Patch, Series
-from mtpq.status import PatchResult
+from mtpq.apply import crashsafe, status
+from mtpq.apply.download import scratch_dir, sha256_of
+from mtpq.apply.gittree import TreeError
+from mtpq.apply.pin import release_in
+from mtpq.apply.series import Patch, Series
+from mtpq.apply.status import PatchResult
 
 STATE_DIR_NAME = ".mtpq-vllm-state"
 MISSING = "missing"

@@ -1,6 +1,6 @@
 """A checkpoint as vLLM sees it before loading a tensor: config files and safetensors headers (through
 the survey's own bounded header reader), never tensor data; in a local directory, or on the Hub
-(mtpq.hub)."""
+(mtpq.checkpoint.hub)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpq.survey import load_survey
+from mtpq.checkpoint.survey import load_survey
 
 CONFIG_FILE = "config.json"
 # ModelOpt writes its quantization here; vLLM reads it when config.json has no quantization_config.
@@ -194,8 +194,8 @@ def spans_of(header: dict, data_start: int) -> dict[str, tuple[int, int]]:
 
 
 def open_files(location: str | Path) -> CheckpointFiles:
-    """A local directory, or a Hub repository id or URL (mtpq.hub, with huggingface_hub)."""
-    from mtpq import hub  # standard library alone until a remote checkpoint is named
+    """A local directory, or a Hub repository id or URL (mtpq.checkpoint.hub, with huggingface_hub)."""
+    from mtpq.checkpoint import hub  # standard library alone until a remote checkpoint is named
 
     if isinstance(location, str) and hub.is_remote(location):
         return hub.HubFiles(location)
