@@ -17,6 +17,8 @@ from e2e_cases import (
     GRAFTED,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
+    QWEN3_5_ALL,
+    QWEN3_5_FAMILIES,
     Case,
     EngineRun,
     baseline,
@@ -25,10 +27,10 @@ from test_e2e_mtp_acceptance import cpu_cannot_run
 
 # Stock runs are planned for every case but the BF16 baselines (stock vLLM serves those, untested here).
 CHECKED = [
-    *[(baseline(arch), "patched") for arch in ARCHITECTURES],
+    *[(baseline(arch), "patched") for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)],
     *[
         (case, flavour)
-        for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]
+        for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]
         for flavour in ("stock", "patched")
     ],
 ]
