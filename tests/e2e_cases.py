@@ -166,6 +166,8 @@ QUANTIZED_MTP = Case(
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
 TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
+# Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
+TENSOR_PARALLEL_STOCK_CASES = [CASES[0], QWEN3_5_CASES[0]]
 
 
 @dataclass(frozen=True)
@@ -211,8 +213,7 @@ def _every_engine_run(newest_target: bool) -> list[EngineRun]:
     if newest_target:
         runs += [EngineRun("patched", case, {}, TENSOR_PARALLEL_SIZE) for case in TENSOR_PARALLEL_CASES]
         runs += [
-            EngineRun("unpatched", case, {}, TENSOR_PARALLEL_SIZE)
-            for case in (TENSOR_PARALLEL_CASES[0], QWEN3_5_CASES[0])
+            EngineRun("unpatched", case, {}, TENSOR_PARALLEL_SIZE) for case in TENSOR_PARALLEL_STOCK_CASES
         ]
     return runs
 
