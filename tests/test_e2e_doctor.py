@@ -65,8 +65,8 @@ def engine_verdict(report: dict) -> str:
     ("case", "flavour"), CHECKED, ids=[f"{case.name()}-{flavour}" for case, flavour in CHECKED]
 )
 def test_the_doctor_predicts_what_the_engine_does(doctor, engine_run, pin, case, flavour):
+    report = engine_run(EngineRun(VARIANT[flavour], case, {}))  # first: it skips what cannot run here
     predicted = doctor(case)["releases"][pin.version][flavour]
-    report = engine_run(EngineRun(VARIANT[flavour], case, {}))
     print(f"\n{case.name()} {flavour}: doctor {predicted['kind']}, engine {engine_verdict(report)}")
     if (
         flavour == "patched"
