@@ -273,13 +273,15 @@ def engine_run(vllm_probe, engineered_checkpoint):
     every planned run of its kind (variant and tensor-parallel size) in one probe process."""
     from e2e_cases import engine_plan, engine_specs
 
-    plan = engine_plan(newest_target=is_newest_target())
+    plan = engine_plan(target_version(), newest_target=is_newest_target())
     reports: dict[str, dict] = {}
 
     def checkpoint_of(case):
         return engineered_checkpoint(case.quant, case.arch, **case.options)
 
     def run(requested) -> dict:
+        if reason := requested.case.cannot_run(target_version()):
+            pytest.skip(reason)
         if requested.key not in reports:
             batch = engine_specs([r for r in plan if r.kind == requested.kind], checkpoint_of)
             if requested.key not in batch:
