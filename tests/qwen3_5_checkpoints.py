@@ -1,0 +1,382 @@
+"""Engineered tiny Qwen3.5 checkpoints, dense and MoE, shaped like the released ones.
+
+As in checkpoints.py, greedy decoding follows the token chain `t -> successor[t]` (embeddings,
+residual stream, an lm_head scoring predecessors) and the MTP layer drafts it only through its own
+Linear weights: `mtp.fc` rotates the token embedding and the MTP MLP (MoE: its shared expert and
+routed experts together) undoes the rotation. The main decoder layers are Qwen3.5's hybrid stack, one
+Gated DeltaNet (linear attention) layer and one gated full-attention layer (`layer_types`,
+`full_attention_interval`), with random weights whose outputs stay small, so they run in the engine
+without moving an argmax.
+
+What is Qwen3.5's own: the multimodal config (`Qwen3_5ForConditionalGeneration` /
+`Qwen3_5MoeForConditionalGeneration`, the text model's fields in `text_config`, a `vision_config`),
+Gemma-style norms (scale 1 + weight, so a unit norm stores zeros), the text model's tensors under
+`model.language_model.*` in `model.safetensors` and the BF16 MTP layer as `mtp.*` in
+`model_mtp.safetensors`, an index mapping both. The vision tower has no tensors: the engine runs
+these text-only (`limit_mm_per_prompt` 0), which builds no tower.
+
+Quantized variants quantize the main layers' attention, GDN input/output projections and dense /
+shared-expert MLPs with compressed-tensors; the GDN `in_proj_a` / `in_proj_b`, routed experts,
+lm_head and the MTP layer stay BF16.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import torch
+from checkpoints import (
+    EOS_TOKEN_ID,
+    HIDDEN_SIZE,
+    MAIN_SUBLAYER_GAIN,
+    MAX_POSITION_EMBEDDINGS,
+    MTP_ATTENTION_GAIN,
+    MTP_DECOY_RATIO,
+    MTP_MLP_GAIN,
+    NUM_EXPERTS,
+    NUM_EXPERTS_PER_TOKEN,
+    QUANT_FORMATS,
+    RMS_NORM_EPS,
+    ROPE_THETA,
+    SUCCESSOR_FILE,
+    VOCAB_SIZE,
+    _compress_linears,
+    _linear_swiglu,
+    _random_mlp,
+    _random_rotation,
+    _write_tokenizer,
+    chain_embeddings,
+)
+from safetensors.torch import save_file
+
+FAMILIES = ("qwen3_5", "qwen3_5_moe")
+MTP_FILE = "model_mtp.safetensors"
+MAIN_FILE = "model.safetensors"
+INDEX_FILE = "model.safetensors.index.json"
+# The text_config keys quantizers drop with the MTP layer (seed 000: NuExtract3-FP8 / -W4A16).
+MTP_CONFIG_KEYS = ("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")
+
+LAYER_TYPES = ("linear_attention", "full_attention")
+TEXT = "model.language_model"
+MTP = "mtp"
+MTP_LAYER = f"{MTP}.layers.0"
+NUM_ATTENTION_HEADS = 4
+NUM_KEY_VALUE_HEADS = 2
+HEAD_DIM = 32
+PARTIAL_ROTARY_FACTOR = 0.25
+# Interleaved M-RoPE over the rotary half-dimensions (HEAD_DIM * 0.25 / 2 = 4), as the releases do.
+MROPE_SECTION = [2, 1, 1]
+# vLLM's CPU Gated DeltaNet kernel takes head dim 128 only (the releases' size).
+LINEAR_KEY_HEADS, LINEAR_VALUE_HEADS, LINEAR_HEAD_DIM, CONV_KERNEL = 2, 2, 128, 4
+INTERMEDIATE_SIZE = 2 * HIDDEN_SIZE
+MOE_INTERMEDIATE_SIZE = HIDDEN_SIZE  # full rank: the MTP experts express a rotation
+# Gemma-style norms scale by 1 + weight.
+UNIT_NORM_WEIGHT = 0.0
+# The shared expert's sigmoid gate reads the constant embedding coordinate (4.0): sigmoid(40) is 1.
+SHARED_EXPERT_GATE_WEIGHT = 10.0
+
+
+def text_config(family: str) -> dict:
+    config = {
+        "model_type": f"{family}_text",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": len(LAYER_TYPES),
+        "layer_types": list(LAYER_TYPES),
+        "full_attention_interval": len(LAYER_TYPES),
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        "attn_output_gate": True,
+        "linear_num_key_heads": LINEAR_KEY_HEADS,
+        "linear_num_value_heads": LINEAR_VALUE_HEADS,
+        "linear_key_head_dim": LINEAR_HEAD_DIM,
+        "linear_value_head_dim": LINEAR_HEAD_DIM,
+        "linear_conv_kernel_dim": CONV_KERNEL,
+        "hidden_act": "silu",
+        "vocab_size": VOCAB_SIZE,
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {
+            "rope_type": "default",
+            "rope_theta": ROPE_THETA,
+            "partial_rotary_factor": PARTIAL_ROTARY_FACTOR,
+            "mrope_section": MROPE_SECTION,
+            "mrope_interleaved": True,
+        },
+        "partial_rotary_factor": PARTIAL_ROTARY_FACTOR,
+        "tie_word_embeddings": False,
+        "mtp_num_hidden_layers": 1,
+        "mtp_use_dedicated_embeddings": False,
+        "dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+    if family == "qwen3_5_moe":
+        config |= {
+            "num_experts": NUM_EXPERTS,
+            "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+            "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "shared_expert_intermediate_size": MOE_INTERMEDIATE_SIZE,
+            "norm_topk_prob": True,
+            "decoder_sparse_step": 1,
+            "mlp_only_layers": [],
+        }
+    return config
+
+
+def hf_config(family: str) -> dict:
+    architecture = {
+        "qwen3_5": "Qwen3_5ForConditionalGeneration",
+        "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+    }
+    return {
+        "architectures": [architecture[family]],
+        "model_type": family,
+        "text_config": text_config(family),
+        # vLLM builds the config (and would build the tower) from it; text-only runs build no tower.
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "intermediate_size": 64,
+            "out_hidden_size": HIDDEN_SIZE,
+            "patch_size": 16,
+            "spatial_merge_size": 2,
+            "temporal_patch_size": 2,
+            "num_position_embeddings": 64,
+            "deepstack_visual_indexes": [],
+        },
+        "tie_word_embeddings": False,
+        "dtype": "bfloat16",
+    }
+
+
+def _layer(index: int) -> str:
+    return f"{TEXT}.layers.{index}"
+
+
+def _attention_linears(layer: str) -> list[str]:
+    return [f"{layer}.self_attn.{name}" for name in ("q_proj", "k_proj", "v_proj", "o_proj")]
+
+
+def _mlp_linears(mlp: str) -> list[str]:
+    return [f"{mlp}.{name}" for name in ("gate_proj", "up_proj", "down_proj")]
+
+
+def _dense_mlp(family: str, layer: str) -> str:
+    """The dense MLP, or the shared expert of an MoE layer."""
+    return f"{layer}.mlp.shared_expert" if family == "qwen3_5_moe" else f"{layer}.mlp"
+
+
+def _routed_experts(family: str, layer: str) -> list[str]:
+    return [f"{layer}.mlp.experts.{e}" for e in range(NUM_EXPERTS)] if family == "qwen3_5_moe" else []
+
+
+def quantized_linears(family: str) -> list[str]:
+    """The main layers' Linears a quantizer quantizes (GDN in_proj_a / in_proj_b stay BF16)."""
+    names = []
+    for index, layer_type in enumerate(LAYER_TYPES):
+        layer = _layer(index)
+        if layer_type == "linear_attention":
+            names += [f"{layer}.linear_attn.{name}" for name in ("in_proj_qkv", "in_proj_z", "out_proj")]
+        else:
+            names += _attention_linears(layer)
+        names += _mlp_linears(_dense_mlp(family, layer))
+    return names
+
+
+def mtp_linears(family: str) -> list[str]:
+    """The MTP layer's Linears: what a quantizer that saw it would have quantized."""
+    block = _attention_linears(MTP_LAYER) + _mlp_linears(_dense_mlp(family, MTP_LAYER))
+    experts = [name for expert in _routed_experts(family, MTP_LAYER) for name in _mlp_linears(expert)]
+    return [f"{MTP}.fc", *block, *experts]
+
+
+def ignore_list(family: str, ignore_style: str) -> list[str]:
+    """compressed-tensors `ignore`: "names" lists the BF16 MTP Linears, "unlisted" leaves them out.
+    The vision tower is left out of quantization as the releases' quantizers do (vLLM builds it even
+    for a text-only run, and its tiny Linears fit no W4A16 group)."""
+    unquantized = ["lm_head", "re:.*visual.*"]
+    for index, layer_type in enumerate(LAYER_TYPES):
+        layer = _layer(index)
+        if layer_type == "linear_attention":
+            unquantized += [f"{layer}.linear_attn.in_proj_a", f"{layer}.linear_attn.in_proj_b"]
+        unquantized += [name for expert in _routed_experts(family, layer) for name in _mlp_linears(expert)]
+    return unquantized + (mtp_linears(family) if ignore_style == "names" else [])
+
+
+def build_weights(family: str, seed: int = 0) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """Float32 weights under checkpoint names, and the successor permutation."""
+    generator = torch.Generator().manual_seed(seed)
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=generator)
+
+    embed, lm_head, successor = chain_embeddings(generator)
+    weights = {
+        f"{TEXT}.embed_tokens.weight": embed,
+        f"{TEXT}.norm.weight": _unit_norm(),
+        "lm_head.weight": lm_head,
+    }
+    for index, layer_type in enumerate(LAYER_TYPES):
+        weights |= _random_decoder_layer(family, _layer(index), layer_type, randn, MAIN_SUBLAYER_GAIN)
+
+    # fc rotates the token embedding (the hidden state's half is unused); the MTP MLP undoes it.
+    rotation = _random_rotation(randn)
+    fc = torch.zeros(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
+    fc[:, :HIDDEN_SIZE] = rotation  # Qwen3.5's MTP concatenates [embeddings, hidden states]
+    weights |= {
+        f"{MTP}.fc.weight": fc,
+        f"{MTP}.pre_fc_norm_embedding.weight": _unit_norm(),
+        f"{MTP}.pre_fc_norm_hidden.weight": _unit_norm(),
+        f"{MTP}.norm.weight": _unit_norm(),
+    }
+    weights |= _random_decoder_layer(family, MTP_LAYER, "full_attention", randn, MTP_ATTENTION_GAIN)
+    for name in [name for name in weights if name.startswith(f"{MTP_LAYER}.mlp.")]:
+        del weights[name]  # the random MLP gives way to the engineered one
+    weights |= _inverse_rotation_mlp(family, rotation, randn)
+    return weights, successor
+
+
+def _unit_norm(size: int = HIDDEN_SIZE) -> torch.Tensor:
+    return torch.full((size,), UNIT_NORM_WEIGHT)
+
+
+def _random_decoder_layer(family, layer, layer_type, randn, gain) -> dict[str, torch.Tensor]:
+    """A decoder layer whose sublayers add ~gain of the residual's RMS."""
+    hidden = HIDDEN_SIZE
+    weights = {
+        f"{layer}.input_layernorm.weight": _unit_norm(),
+        f"{layer}.post_attention_layernorm.weight": _unit_norm(),
+    }
+    if layer_type == "linear_attention":
+        key_dim, value_dim = LINEAR_KEY_HEADS * LINEAR_HEAD_DIM, LINEAR_VALUE_HEADS * LINEAR_HEAD_DIM
+        gdn = f"{layer}.linear_attn"
+        weights |= {
+            f"{gdn}.in_proj_qkv.weight": randn(2 * key_dim + value_dim, hidden) / math.sqrt(hidden),
+            f"{gdn}.in_proj_z.weight": randn(value_dim, hidden) / math.sqrt(hidden),
+            f"{gdn}.in_proj_b.weight": randn(LINEAR_VALUE_HEADS, hidden) / math.sqrt(hidden),
+            f"{gdn}.in_proj_a.weight": randn(LINEAR_VALUE_HEADS, hidden) / math.sqrt(hidden),
+            f"{gdn}.conv1d.weight": randn(2 * key_dim + value_dim, 1, CONV_KERNEL) / math.sqrt(CONV_KERNEL),
+            f"{gdn}.A_log": torch.zeros(LINEAR_VALUE_HEADS),
+            f"{gdn}.dt_bias": torch.ones(LINEAR_VALUE_HEADS),
+            # The gated output norm scales by its weight (not 1 + weight).
+            f"{gdn}.norm.weight": torch.ones(LINEAR_HEAD_DIM),
+            f"{gdn}.out_proj.weight": randn(hidden, value_dim) * gain / math.sqrt(value_dim),
+        }
+    else:
+        attention = f"{layer}.self_attn"
+        heads = NUM_ATTENTION_HEADS * HEAD_DIM
+        weights |= {
+            # q_proj holds the query and its output gate.
+            f"{attention}.q_proj.weight": randn(2 * heads, hidden) / math.sqrt(hidden),
+            f"{attention}.k_proj.weight": randn(NUM_KEY_VALUE_HEADS * HEAD_DIM, hidden) / math.sqrt(hidden),
+            f"{attention}.v_proj.weight": randn(NUM_KEY_VALUE_HEADS * HEAD_DIM, hidden) / math.sqrt(hidden),
+            f"{attention}.o_proj.weight": randn(hidden, heads) * gain / math.sqrt(heads),
+            f"{attention}.q_norm.weight": _unit_norm(HEAD_DIM),
+            f"{attention}.k_norm.weight": _unit_norm(HEAD_DIM),
+        }
+    if family == "qwen3_5_moe":
+        weights[f"{layer}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
+        weights[f"{layer}.mlp.shared_expert_gate.weight"] = _shared_expert_gate()
+        for mlp in [_dense_mlp(family, layer), *_routed_experts(family, layer)]:
+            weights |= _random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, gain)
+    else:
+        weights |= _random_mlp(_dense_mlp(family, layer), INTERMEDIATE_SIZE, randn, gain)
+    return weights
+
+
+def _shared_expert_gate() -> torch.Tensor:
+    gate = torch.zeros(1, HIDDEN_SIZE)
+    gate[0, 0] = SHARED_EXPERT_GATE_WEIGHT
+    return gate
+
+
+def _inverse_rotation_mlp(family, rotation, randn) -> dict[str, torch.Tensor]:
+    """The MTP MLP computing MTP_MLP_GAIN * rotation.T @ x. MoE: the shared expert adds a decoy
+    MTP_DECOY_RATIO times larger that every routed expert subtracts (the renormalised routing
+    weights sum to 1), so both expert paths are essential."""
+    if family != "qwen3_5_moe":
+        return _linear_swiglu(_dense_mlp(family, MTP_LAYER), rotation.T, MTP_MLP_GAIN, INTERMEDIATE_SIZE)
+    decoy = _random_rotation(randn)
+    weights = {
+        f"{MTP_LAYER}.mlp.gate.weight": randn(NUM_EXPERTS, HIDDEN_SIZE) / math.sqrt(HIDDEN_SIZE),
+        f"{MTP_LAYER}.mlp.shared_expert_gate.weight": _shared_expert_gate(),
+        **_linear_swiglu(
+            _dense_mlp(family, MTP_LAYER),
+            rotation.T + MTP_DECOY_RATIO * decoy,
+            MTP_MLP_GAIN,
+            MOE_INTERMEDIATE_SIZE,
+        ),
+    }
+    for expert in _routed_experts(family, MTP_LAYER):
+        weights |= _linear_swiglu(expert, -MTP_DECOY_RATIO * decoy, MTP_MLP_GAIN, MOE_INTERMEDIATE_SIZE)
+    return weights
+
+
+def fix_by_hand(bf16_dir: Path, export_dir: Path, out: Path) -> Path:
+    """What seed 000's reporter did to a quantizer's export: copy the BF16 release's
+    model_mtp.safetensors beside its files and add the MTP keys to text_config (no index to edit: the
+    export is one file)."""
+    shutil.copytree(export_dir, out)
+    shutil.copy2(bf16_dir / MTP_FILE, out / MTP_FILE)
+    config = json.loads((out / "config.json").read_text())
+    bf16_text = json.loads((bf16_dir / "config.json").read_text())["text_config"]
+    config["text_config"] |= {key: bf16_text[key] for key in MTP_CONFIG_KEYS}
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    return out
+
+
+def make_qwen3_5_checkpoint(
+    family: str,
+    out_dir: str | Path,
+    quant: str = "bf16",
+    *,
+    ignore_style: str = "names",
+    drop_mtp: bool = False,
+    seed: int = 0,
+) -> Path:
+    """Write an engineered Qwen3.5 checkpoint (family "qwen3_5" or "qwen3_5_moe").
+
+    ignore_style "names" lists the BF16 MTP Linears in `ignore` under their checkpoint names;
+    "unlisted" leaves them out, as a quantizer that never saw them writes. drop_mtp: what such a
+    quantizer exports (seed 000): no model_mtp.safetensors and no MTP keys in text_config (and, one
+    file left, no index).
+    """
+    if family not in FAMILIES:
+        raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
+    if quant not in QUANT_FORMATS:
+        raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
+    if drop_mtp and (quant == "bf16" or ignore_style != "unlisted"):
+        raise ValueError('drop_mtp needs a quantized format and ignore_style="unlisted"')
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    weights, successor = build_weights(family, seed)
+    tensors = {name: value.to(torch.bfloat16) for name, value in weights.items()}
+    config = hf_config(family)
+    if quant != "bf16":
+        tensors, config["quantization_config"] = _compress_linears(
+            tensors, quantized_linears(family), quant, ignore_list(family, ignore_style)
+        )
+    files = {MAIN_FILE: {n: t for n, t in tensors.items() if not n.startswith(f"{MTP}.")}}
+    if drop_mtp:
+        for key in MTP_CONFIG_KEYS:
+            del config["text_config"][key]
+    else:
+        files[MTP_FILE] = {n: t for n, t in tensors.items() if n.startswith(f"{MTP}.")}
+    for file, contents in files.items():
+        save_file({n: t.contiguous() for n, t in contents.items()}, out / file, metadata={"format": "pt"})
+    if len(files) > 1:  # as save_pretrained: an index for several files only
+        weight_map = {name: file for file, contents in files.items() for name in contents}
+        total = sum(t.numel() * t.element_size() for contents in files.values() for t in contents.values())
+        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+        (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
+    _write_tokenizer(out)
+    return out
