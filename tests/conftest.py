@@ -53,7 +53,7 @@ def is_newest_target() -> bool:
 # Tensor parallelism is shown on the newest test-bed target only (each such engine start takes
 # about a minute here), and so are crash safety, which does not depend on the series, the upstream
 # pull requests, which are the newest series', and vLLM's own suite, recorded for that release only
-# (mtpq/vllm_suite_stock/).
+# (mtpq/upstream/vllm_suite_stock/).
 NEWEST_TARGET_ONLY = [
     "test_e2e_tensor_parallel.py",
     "test_crash_safety.py",
