@@ -19,7 +19,7 @@ import json
 import os
 import shutil
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
@@ -107,9 +107,7 @@ def record(installation: installed.Installation, pin: Pin, series: Series, jobs:
     passed = sorted(test for test, outcome in full.outcomes.items() if outcome == PASSED)
     again = _run_sharded(installation, tree, overlay, _by_file(passed), full.seconds, jobs)
     stable = [test for test in passed if again.outcomes.get(test) == PASSED]
-    counts = defaultdict(int)
-    for outcome in full.outcomes.values():
-        counts[outcome] += 1
+    counts = Counter(full.outcomes.values())
     data = {
         "release": pin.version,
         "engine_sha256": _engine_sha256(installation),
@@ -183,10 +181,10 @@ def describe(result: Result) -> str:
 
 def _engine_sha256(installation: installed.Installation) -> str:
     """The engine's compiled extension: what makes one CPU build's results differ from another's."""
-    (extension,) = sorted(installation.package_dir.glob("_C.*so"))[:1] or [None]
-    if extension is None:
+    extensions = sorted(installation.package_dir.glob("_C.*so"))
+    if not extensions:
         raise SuiteError(f"{installation.package_dir} has no compiled extension (vllm/_C*.so)")
-    return sha256_of(extension)
+    return sha256_of(extensions[0])
 
 
 def _by_file(tests: list[str]) -> dict[str, list[str]]:
