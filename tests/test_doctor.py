@@ -84,6 +84,24 @@ def test_each_real_layout_is_found_and_a_bf16_mtp_layer_works_with_the_series(tm
     assert "draft unquantized" in verdict(found, "patched").why
 
 
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_more_mtp_layers_declared_than_stored_are_named_and_refused_by_loud_loading(tmp_path, name):
+    layout = LAYOUTS[name]
+    config = quantized(layout, compressed_tensors("int8", ["lm_head"]))
+    count_field = "mtp_num_hidden_layers" if layout.nested else "num_nextn_predict_layers"
+    layout.count_holder(config)[count_field] = 2
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("int8")})
+
+    found = diagnose(tmp_path, NEWEST)
+
+    (stored,) = found.stored_layers()
+    patched = verdict(found, "patched", NEWEST)
+    assert patched.kind == doctor.CRASH and patched.error == "were not initialized from checkpoint"
+    assert f"{count_field} = 2 declares 2 MTP layers; model.safetensors holds 1: {stored}" in patched.why
+    (fix,) = found.fixes[NEWEST]
+    assert fix.startswith(f"declare the MTP layers the checkpoint stores: {count_field}: 1")
+
+
 # Stock vLLM on a compressed-tensors INT8 checkpoint whose BF16 MTP layer `ignore` does not name.
 STOCK_UNLISTED = {
     "mimo": doctor.ZERO,

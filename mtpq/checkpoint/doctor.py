@@ -76,7 +76,29 @@ class Diagnosis:
 
     @property
     def tensors_missing(self) -> bool:
-        return self.survey is None or bool(self.missing_mtp)
+        return self.survey is None or bool(self.missing_mtp) or self.layers_missing
+
+    @property
+    def layers_missing(self) -> bool:
+        """The config declares more MTP layers than the checkpoint stores (the layouts being vLLM's)."""
+        count, known_layout = self.declaration.count, self.architecture and self.architecture.layout
+        return (
+            bool(count and known_layout)
+            and _misplaced_layers(self) is None
+            and len(self.stored_layers()) < count
+        )
+
+    def stored_layers(self) -> list[str]:
+        """The MTP layers the checkpoint stores: the survey's roots that are layers (model.mtp_layers.0,
+        model.layers.61, mtp.0), and the `layers.{i}` under a root that is not (Qwen3.5's mtp.)."""
+        layers = set()
+        for prefix in self.survey.prefixes if self.survey else ():
+            if prefix.rpartition(".")[2].isdecimal():
+                layers.add(prefix)
+                continue
+            nested = re.compile(rf"({re.escape(prefix)}\.layers\.\d+)\.")
+            layers |= {found[1] for name in self.modules() if (found := nested.match(name))}
+        return sorted(layers)
 
     def layouts(self) -> list[str]:
         """Where the checkpoint keeps its MTP layers, as MtpArchitecture.layout writes it."""
@@ -213,13 +235,20 @@ def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
 
 def _stock_without_tensors(diagnosis: Diagnosis, version: str) -> Verdict:
     architecture, what = diagnosis.architecture, _missing_tensors(diagnosis)
+    if diagnosis.missing_mtp and (refusal := facts.since(version, facts.STOCK_INDEX_FILE_MISSING)):
+        return Verdict(CRASH, f"{what}; vLLM's weight loader refuses an index naming a missing file", refusal)
     loader = facts.since(version, architecture.stock_missing_tensors)
     if loader is None:
         return Verdict(UNKNOWN, f"{what}; what {architecture.name}'s MTP loader then does is not known here")
     if loader != facts.RANDOM_WEIGHTS:
         why = f"{what}; {architecture.name}'s MTP loader wants every draft parameter"
         return Verdict(CRASH, why, loader)
-    random = Verdict(ZERO, f"{what}; the draft's weights are random")
+    random_part = (
+        "the missing layers get random weights"
+        if diagnosis.layers_missing
+        else "the draft's weights are random"
+    )
+    random = Verdict(ZERO, f"{what}; {random_part}")
     return _experts_without_kernel(diagnosis, version) or random
 
 
@@ -266,6 +295,8 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
             return Verdict(
                 CRASH, f"start-up refuses: {_missing_tensors(diagnosis)}", facts.PATCHED_PREFIX + str(error)
             )
+        if diagnosis.layers_missing:  # the start-up check counts no layers; loud loading names them
+            return Verdict(CRASH, f"loud loading: {_missing_tensors(diagnosis)}", facts.PATCHED_UNLOADED)
         return Verdict(UNKNOWN, f"{_missing_tensors(diagnosis)}, yet the series' start-up check finds them")
     if misplaced := _misplaced_layers(diagnosis):
         return misplaced
@@ -440,14 +471,21 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
     if stock.kind == WORKS:
         return []
     declaration = diagnosis.declaration
+    where = "text_config" if declaration.nested else "config.json"
     if (
         diagnosis.survey is not None
         and not diagnosis.missing_mtp
         and not declaration.count
         and declaration.field
     ):
-        where = "text_config" if declaration.nested else "config.json"
-        return [f"declare the MTP layers: {declaration.field}: {len(diagnosis.survey.prefixes)} in {where}"]
+        declare = f"declare the MTP layers: {declaration.field}: {len(diagnosis.stored_layers())} in {where}"
+        return [declare + _dropped(diagnosis)]
+    if diagnosis.layers_missing:  # graft adds no layer to a checkpoint that has MTP tensors
+        stored, files = diagnosis.stored_layers(), ", ".join(diagnosis.mtp_files())
+        return [
+            f"declare the MTP layers the checkpoint stores: {declaration.field}: {len(stored)} in {where} "
+            f"({files} holds {', '.join(stored) or 'none'}), or add the missing layers' tensors"
+        ]
     if diagnosis.tensors_missing or not declaration.count:
         graft = "graft --mtp-from <the BF16 release>: adds its MTP tensors and config fields"
         return [graft + _dropped(diagnosis)]
@@ -500,6 +538,12 @@ def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str],
 
 
 def _missing_tensors(diagnosis: Diagnosis) -> str:
+    if diagnosis.layers_missing:
+        stored = diagnosis.stored_layers()
+        return (
+            f"{diagnosis.declaration.source} declares {diagnosis.declaration.count} MTP layers; "
+            f"{', '.join(diagnosis.mtp_files())} holds {len(stored)}: {', '.join(stored) or 'none'}"
+        )
     if diagnosis.missing_mtp:
         file, names = next(iter(diagnosis.missing_mtp.items()))
         return f"the index maps {len(names)} MTP tensors (e.g. {names[0]}) to {file}, which is missing"

@@ -229,6 +229,9 @@ def moe_kernel_missing(platform: str, format: str | None, version: str) -> str |
 
 
 # --- Start-up checks --------------------------------------------------------------------------------
+# vLLM's weight loader refuses an index naming a file the directory lacks (weight_utils.py,
+# filter_duplicate_safetensors_files; 0.22.1 loads the files there are): first release -> its error.
+STOCK_INDEX_FILE_MISSING = {"0.32.0": "Weight files referenced in index but missing"}
 # speculative.py checks num_speculative_tokens % n_predict: a declared count of 0 divides by zero.
 STOCK_ZERO_MTP_LAYERS = "integer modulo by zero"
 # Both series refuse "mtp" without MTP layers (v0.22.1 0007, v0.33.0 0005) with this message.

@@ -31,6 +31,7 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
             "expected_layout": diagnosis.architecture and diagnosis.architecture.layout,
             "files": diagnosis.mtp_files(),
             "modules": diagnosis.modules(),
+            "layers": diagnosis.stored_layers(),
             "missing": diagnosis.missing_mtp,
         },
         "index": {
@@ -123,6 +124,11 @@ def _tensors(diagnosis: Diagnosis) -> str:
         expected = diagnosis.architecture and diagnosis.architecture.layout
         if expected and diagnosis.layouts() != [expected]:
             found.append(f"but vLLM's {diagnosis.architecture.name} draft loads {expected}")
+        if diagnosis.layers_missing:
+            stored = diagnosis.stored_layers()
+            found.append(
+                f"{len(stored)} of the {diagnosis.declaration.count} layers declared: {', '.join(stored)}"
+            )
     for file, names in diagnosis.missing_mtp.items():
         found.append(f"{len(names)} mapped to {file}, which is missing")
     return "; ".join(found)
