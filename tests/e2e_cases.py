@@ -156,6 +156,18 @@ QWEN3_5_REPAIRED = [
     for repair in ("plain", "by-hand")
 ]
 QWEN3_5_ALL = [*QWEN3_5_CASES, QWEN3_5_EXPORT, *QWEN3_5_REPAIRED]
+# Bad input beside the MTP layer (qwen3_5_checkpoints.DAMAGES), on the INT8 export. Declared two MTP
+# layers, stock vLLM builds both and fails first on the tiny model's KV-cache grouping (each of its
+# attention layers is a group of its own, so the draft's two are in two). An index naming a missing
+# file is refused by stock's weight loader. Without text_config's keys its drafter builds one layer.
+QWEN3_5_BAD_INPUT = [
+    Case("qwen3_5", "int8_w8a8", stock, {"ignore_style": "unlisted", "damage": damage})
+    for damage, stock in (
+        ("mtp-layers-overdeclared", "All drafting layers should belong to the same kv cache group"),
+        ("mtp-file-missing", "Weight files referenced in index but missing"),
+        ("mtp-keys-missing", "acceptance 0.0"),
+    )
+]
 # Where draft_quant_config's explicit choices are checked.
 CHOICE_CASES = [CASES[0]]
 # A checkpoint whose MTP block was quantized on purpose: the series must leave it as stock vLLM
@@ -204,7 +216,7 @@ def engine_plan(target: str, newest_target: bool) -> list[EngineRun]:
 
 def _every_engine_run(newest_target: bool) -> list[EngineRun]:
     runs = [EngineRun("patched", baseline(arch), {}) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]:
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]

@@ -58,6 +58,10 @@ MAIN_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # The text_config keys quantizers drop with the MTP layer (seed 000: NuExtract3-FP8 / -W4A16).
 MTP_CONFIG_KEYS = ("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")
+# Bad input an export can carry beside its MTP layer: text_config declaring one MTP layer more than
+# model_mtp.safetensors holds, an index naming a model_mtp.safetensors the directory lacks, and
+# model_mtp.safetensors without text_config's MTP keys.
+DAMAGES = ("mtp-layers-overdeclared", "mtp-file-missing", "mtp-keys-missing")
 
 LAYER_TYPES = ("linear_attention", "full_attention")
 TEXT = "model.language_model"
@@ -338,6 +342,7 @@ def make_qwen3_5_checkpoint(
     *,
     ignore_style: str = "names",
     drop_mtp: bool = False,
+    damage: str | None = None,
     seed: int = 0,
 ) -> Path:
     """Write an engineered Qwen3.5 checkpoint (family "qwen3_5" or "qwen3_5_moe").
@@ -345,7 +350,7 @@ def make_qwen3_5_checkpoint(
     ignore_style "names" lists the BF16 MTP Linears in `ignore` under their checkpoint names;
     "unlisted" leaves them out, as a quantizer that never saw them writes. drop_mtp: what such a
     quantizer exports (seed 000): no model_mtp.safetensors and no MTP keys in text_config (and, one
-    file left, no index).
+    file left, no index). damage: one of DAMAGES, done to a checkpoint that keeps its MTP layer.
     """
     if family not in FAMILIES:
         raise ValueError(f"family must be one of {FAMILIES}, got {family!r}")
@@ -353,6 +358,8 @@ def make_qwen3_5_checkpoint(
         raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
     if drop_mtp and (quant == "bf16" or ignore_style != "unlisted"):
         raise ValueError('drop_mtp needs a quantized format and ignore_style="unlisted"')
+    if damage is not None and (damage not in DAMAGES or drop_mtp):
+        raise ValueError(f"damage must be one of {DAMAGES}, on a checkpoint without drop_mtp; got {damage!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -364,10 +371,12 @@ def make_qwen3_5_checkpoint(
             tensors, quantized_linears(family), quant, ignore_list(family, ignore_style)
         )
     files = {MAIN_FILE: {n: t for n, t in tensors.items() if not n.startswith(f"{MTP}.")}}
-    if drop_mtp:
+    if drop_mtp or damage == "mtp-keys-missing":
         for key in MTP_CONFIG_KEYS:
             del config["text_config"][key]
-    else:
+    if damage == "mtp-layers-overdeclared":
+        config["text_config"]["mtp_num_hidden_layers"] += 1
+    if not drop_mtp:
         files[MTP_FILE] = {n: t for n, t in tensors.items() if n.startswith(f"{MTP}.")}
     for file, contents in files.items():
         save_file({n: t.contiguous() for n, t in contents.items()}, out / file, metadata={"format": "pt"})
@@ -376,6 +385,8 @@ def make_qwen3_5_checkpoint(
         total = sum(t.numel() * t.element_size() for contents in files.values() for t in contents.values())
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
         (out / INDEX_FILE).write_text(json.dumps(index, indent=2))
+    if damage == "mtp-file-missing":
+        (out / MTP_FILE).unlink()
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
     (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
     _write_tokenizer(out)

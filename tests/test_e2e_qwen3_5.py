@@ -6,7 +6,8 @@ The engine runs are the end-to-end suite's (engine_run, e2e_cases.py): stock vLL
 on the same checkpoint the series serves at acceptance 1.0 with the target's own greedy output (the
 known token chain). The scenarios of seed 000 follow: a quantizer's export without the MTP layer and
 its keys, repaired by `python -m mtpq graft` (a) or by hand (b); the dense export is a quantized
-fine-tune's too (c). Tensor parallelism: test_e2e_tensor_parallel.py.
+fine-tune's too (c). Then the bad input beside an MTP layer: each a clear error of the series, and a
+doctor finding, naming the file, key or tensor. Tensor parallelism: test_e2e_tensor_parallel.py.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import json
 import pytest
 from checkpoints import run_mtpq
 from e2e_cases import (
+    QWEN3_5_BAD_INPUT,
     QWEN3_5_CASES,
     QWEN3_5_EXPORT,
     QWEN3_5_FAMILIES,
@@ -33,6 +35,26 @@ from test_e2e_mtp_acceptance import (
 
 # What the series' start-up check answers "mtp" on a config that declares no MTP layer.
 DECLARES_NONE = "speculative method 'mtp' needs MTP layers"
+# What names each bad input: in the series' error, and in the doctor's verdict or fix.
+BAD_INPUT_NAMED = {
+    # Loud loading names the parameters of the draft's second layer (built as model.layers.1.*).
+    "mtp-layers-overdeclared": (
+        ["were not initialized from checkpoint", "model.layers.1."],
+        ["text_config.mtp_num_hidden_layers = 2 declares 2 MTP layers", f"{MTP_FILE} holds 1: mtp.layers.0"],
+    ),
+    "mtp-file-missing": ([f"{INDEX_FILE} maps MTP tensors (e.g. mtp.fc.weight) to {MTP_FILE}"], [MTP_FILE]),
+    "mtp-keys-missing": (
+        [DECLARES_NONE, "mtp_num_hidden_layers"],
+        [f"text_config.{key}" for key in MTP_CONFIG_KEYS],
+    ),
+}
+
+
+def doctor_verdicts(checkpoint, version: str) -> dict:
+    """`python -m mtpq doctor CKPT --json` on the CPU at the target: its verdicts and fix, exit 1."""
+    done = run_mtpq("doctor", checkpoint, "--vllm", version, "--platform", "cpu", "--json")
+    assert done.returncode == 1, done.stderr
+    return json.loads(done.stdout)["releases"][version]
 
 
 @pytest.mark.parametrize("family", QWEN3_5_FAMILIES)
@@ -62,15 +84,28 @@ def test_qwen3_5_export_without_its_mtp_layer_is_diagnosed_and_refused(
     patched = engine_run(EngineRun("patched", case, {}))
     assert DECLARES_NONE in patched["error"] and "mtp_num_hidden_layers" in patched["error"]
 
-    done = run_mtpq("doctor", checkpoint, "--vllm", pin.version, "--platform", "cpu", "--json")
-    assert done.returncode == 1, done.stderr
-    verdicts = json.loads(done.stdout)["releases"][pin.version]
+    verdicts = doctor_verdicts(checkpoint, pin.version)
     assert verdicts["stock"]["kind"] == "silent 0 % acceptance"
     assert "drafter builds 1 layer(s)" in verdicts["stock"]["why"]
     assert DECLARES_NONE in verdicts["patched"]["error"]
     (fix,) = verdicts["fix"]
     for missing in [MTP_FILE, *(f"text_config.{key}" for key in MTP_CONFIG_KEYS)]:
         assert missing in fix
+
+
+@pytest.mark.parametrize("case", QWEN3_5_BAD_INPUT, ids=Case.name)
+def test_qwen3_5_bad_input_is_refused_and_diagnosed_naming_it(engine_run, engineered_checkpoint, pin, case):
+    """More MTP layers declared than stored, an index naming a missing model_mtp.safetensors, the
+    file without text_config's keys: stock vLLM's outcome, the series' error and the doctor's finding."""
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+    in_error, in_diagnosis = BAD_INPUT_NAMED[case.options["damage"]]
+    patched = engine_run(EngineRun("patched", case, {}))
+    assert all(words in patched.get("error", "") for words in in_error), patched
+
+    verdicts = doctor_verdicts(engineered_checkpoint(case.quant, case.arch, **case.options), pin.version)
+    assert verdicts["patched"]["kind"] != "works"
+    diagnosis = " ".join([verdicts["patched"]["why"], verdicts["patched"]["error"] or "", *verdicts["fix"]])
+    assert all(words in diagnosis for words in in_diagnosis), verdicts
 
 
 def test_graft_restores_the_qwen3_5_mtp_file_index_and_keys(engineered_checkpoint):
