@@ -20,7 +20,7 @@ MODULE_ERRORS = (mtp_checkpoint.CheckpointHeaderError, mtp_checkpoint.MtpTensors
 
 
 # The v0.22.1 series' survey reads headers with its own bounded parser; the newer series' with
-# vLLM's parse_safetensors_file_metadata (bounded by their patch 0000), checked by tensor_infos.
+# vLLM's parse_safetensors_file_metadata, which their patch 0000 bounds and checks.
 OWN_PARSER = hasattr(mtp_checkpoint, "read_safetensors_header")
 MAX_HEADER_BYTES = mtp_checkpoint.MAX_HEADER_BYTES if OWN_PARSER else 100_000_000
 
@@ -33,11 +33,9 @@ def read_header(path: Path) -> dict[str, mtp_checkpoint.TensorInfo]:
     from vllm.transformers_utils.utils import parse_safetensors_file_metadata
 
     try:
-        header = parse_safetensors_file_metadata(path)
+        return mtp_checkpoint.tensor_infos(parse_safetensors_file_metadata(path))
     except ValueError as error:
         raise mtp_checkpoint.CheckpointHeaderError(str(error)) from error
-    data_size = path.stat().st_size - 8 - int.from_bytes(path.read_bytes()[:8], "little")
-    return mtp_checkpoint.tensor_infos(header, str(path), data_size)
 
 
 def header_file(path: Path, header: bytes, data_size: int) -> None:
@@ -57,10 +55,10 @@ def _is_size_list(value: object, most: int) -> bool:
 
 def expected_tensors(text: str, data_size: int) -> dict[str, mtp_checkpoint.TensorInfo]:
     """The tensors a header holds, by the format's rules: a JSON object whose __metadata__ is null
-    or strings by strings, every other member an object with a string dtype, a shape of at most 64
-    non-negative integers and [begin, end] data_offsets within the data. With the v0.22.1 series'
-    own parser, an entry is also a flat object (no "}" inside) of at most 64 KiB, a bound of that
-    parser's, and __metadata__ is checked. Raises Refused."""
+    or strings by strings, every other member an object with a string dtype, a shape of non-negative
+    integers and [begin, end] data_offsets within the data. The v0.22.1 series' own parser also
+    bounds the shape to 64 sizes and an entry to a flat object (no "}" inside) of at most 64 KiB,
+    and checks __metadata__. Raises Refused."""
     try:
         header = json.loads(text)
     except (ValueError, RecursionError):
@@ -88,7 +86,7 @@ def expected_tensors(text: str, data_size: int) -> dict[str, mtp_checkpoint.Tens
         offsets = entry.get("data_offsets")
         if not (
             isinstance(entry.get("dtype"), str)
-            and _is_size_list(entry.get("shape"), 64)
+            and _is_size_list(entry.get("shape"), 64 if OWN_PARSER else sys.maxsize)
             and _is_size_list(offsets, 2)
             and len(offsets) == 2
             and offsets[0] <= offsets[1] <= data_size

@@ -16,6 +16,7 @@ import urllib.parse
 from pathlib import Path
 
 from mtpq.checkpoint.reader import (
+    MAX_INDEX_BYTES,
     CheckpointError,
     CheckpointFiles,
     Header,
@@ -23,7 +24,6 @@ from mtpq.checkpoint.reader import (
     parse_header,
     spans_of,
 )
-from mtpq.checkpoint.survey import load_survey
 
 INSTALL_HINT = "pip install 'mtpq[hub]'"
 MIN_HUB_VERSION = "1.0"  # as pyproject.toml's `hub` extra asks
@@ -149,7 +149,7 @@ class HubFiles(CheckpointFiles):
         return size
 
     def read_bytes(self, file: str, what: str) -> bytes:
-        limit = load_survey().MAX_INDEX_BYTES
+        limit = MAX_INDEX_BYTES
         size = self.file_size(file)
         if size > limit:
             raise CheckpointError(f"{self.path(file)}: {size} bytes, over the {limit} a {what} may have")

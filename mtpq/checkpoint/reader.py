@@ -1,6 +1,6 @@
 """A checkpoint as vLLM sees it before loading a tensor: config files and safetensors headers (read
-here, bounded as patched vLLM's parse_safetensors_file_metadata reads them, and checked by the survey's
-tensor_infos), never tensor data; in a local directory, or on the Hub (mtpq.checkpoint.hub)."""
+here, bounded and checked as patched vLLM's parse_safetensors_file_metadata reads them), never tensor
+data; in a local directory, or on the Hub (mtpq.checkpoint.hub)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,8 @@ from mtpq.checkpoint.survey import load_survey
 CONFIG_FILE = "config.json"
 # The longest safetensors header read, as vLLM (series patch 0000) and the safetensors library allow.
 MAX_HEADER_BYTES = 100_000_000
+# An index or config is read whole: refuse one far larger than any real checkpoint's.
+MAX_INDEX_BYTES = 64 * 2**20
 # ModelOpt writes its quantization here; vLLM reads it when config.json has no quantization_config.
 MODELOPT_CONFIG_FILE = "hf_quant_config.json"
 # Where each quantization method keeps the modules it leaves unquantized.
@@ -63,19 +65,39 @@ def check_header_length(where: str, length: int, file_size: int) -> None:
 
 
 def parse_header(where: str, raw: bytes, file_size: int) -> Header:
-    """A header's JSON, its tensor entries checked by the survey (tensor_infos)."""
-    survey = load_survey()
+    """A header's JSON, each tensor entry checked as patched vLLM checks it (series patch 0000): a
+    string dtype, a shape of sizes and data_offsets [begin, end] within the file's data."""
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as error:
         raise CheckpointError(f"{where}: header is not JSON ({error})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: header is not a JSON object")
-    try:
-        tensors = survey.tensor_infos(header, where, file_size - 8 - len(raw))
-    except survey.CheckpointHeaderError as error:
-        raise CheckpointError(str(error)) from None
-    return Header(where, tensors, 8 + len(raw), file_size)
+    data_size = file_size - 8 - len(raw)
+    for name, entry in header.items():
+        if name != "__metadata__" and not _is_tensor_entry(entry, data_size):
+            raise CheckpointError(
+                f"{where}: tensor {name!r:.200} has {entry!r:.200}, not a string dtype, a shape and "
+                f"data_offsets within the {data_size} data bytes"
+            )
+    return Header(where, load_survey().tensor_infos(header), 8 + len(raw), file_size)
+
+
+def _is_tensor_entry(entry: object, data_size: int) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    return (
+        isinstance(entry.get("dtype"), str)
+        and _are_sizes(shape)
+        and _are_sizes(offsets)
+        and len(offsets) == 2
+        and offsets[0] <= offsets[1] <= data_size
+    )
+
+
+def _are_sizes(value: object) -> bool:
+    return isinstance(value, list) and all(type(size) is int and size >= 0 for size in value)  # no bool
 
 
 @dataclass(frozen=True)
