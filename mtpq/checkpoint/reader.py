@@ -229,10 +229,12 @@ class LocalFiles(CheckpointFiles):
         path = self.path(file)
         try:
             # O_NONBLOCK: a FIFO is refused below, not waited on.
-            with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK), "rb") as stream:
-                info = os.fstat(stream.fileno())
-                if not stat.S_ISREG(info.st_mode):
-                    raise CheckpointError(f"{path}: not a regular file")
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device
+                os.close(fd)
+                raise CheckpointError(f"{path}: not a regular file")
+            with open(fd, "rb") as stream:
                 length = int.from_bytes(stream.read(8), "little")
                 check_header_length(path, length, info.st_size)
                 return parse_header(path, stream.read(length), info.st_size)
