@@ -189,6 +189,10 @@ class HubFiles(CheckpointFiles):
             return data
         raise CheckpointError(f"{where}: bytes {begin}-{end - 1} could not be read ({failure})")
 
+    def surveyed(self, searched: str) -> str:
+        """The series surveys a Hub repository from its header metadata, naming the repository."""
+        return self.name
+
     # --- HTTP through huggingface_hub -------------------------------------------------------------------
 
     def _get_range(self, url: str, headers: dict, where: str, begin: int, end: int) -> bytes:

@@ -196,10 +196,14 @@ class CheckpointFiles:
         """What a series' start-up survey (its module) finds in the headers read: an index entry naming
         an absent file of MTP tensors, or no MTP tensor; raises the survey's errors."""
         layers = checkpoint.num_hidden_layers
-        _, where = load_survey().files_to_survey(
+        _, searched = load_survey().files_to_survey(
             self.name, self.safetensors_files(), checkpoint.index, layers, self.exists
         )
-        survey.survey_mtp_tensors(checkpoint.tensors, layers, num_mtp_layers, where=where)
+        survey.survey_mtp_tensors(checkpoint.tensors, layers, num_mtp_layers, where=self.surveyed(searched))
+
+    def surveyed(self, searched: str) -> str:
+        """How the series' survey names the checkpoint: a directory with the files it searched."""
+        return searched
 
 
 class LocalFiles(CheckpointFiles):
