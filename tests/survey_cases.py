@@ -13,6 +13,7 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 from vllm.transformers_utils import mtp_checkpoint
+from vllm.transformers_utils import utils as vllm_utils
 
 NUM_HIDDEN_LAYERS = 4
 DTYPES = ["BF16", "F16", "F32", "F8_E4M3", "I8", "U8", "I32", "I64", "BOOL", "F8_E8M0"]
@@ -22,7 +23,7 @@ MODULE_ERRORS = (mtp_checkpoint.CheckpointHeaderError, mtp_checkpoint.MtpTensors
 # The v0.22.1 series' survey reads headers with its own bounded parser; the newer series' with
 # vLLM's parse_safetensors_file_metadata, which their patch 0000 bounds and checks.
 OWN_PARSER = hasattr(mtp_checkpoint, "read_safetensors_header")
-MAX_HEADER_BYTES = mtp_checkpoint.MAX_HEADER_BYTES if OWN_PARSER else 100_000_000
+MAX_HEADER_BYTES = mtp_checkpoint.MAX_HEADER_BYTES if OWN_PARSER else vllm_utils.MAX_SAFETENSORS_HEADER_BYTES
 
 
 def read_header(path: Path) -> dict[str, mtp_checkpoint.TensorInfo]:
@@ -30,10 +31,8 @@ def read_header(path: Path) -> dict[str, mtp_checkpoint.TensorInfo]:
     CheckpointHeaderError naming the file otherwise."""
     if OWN_PARSER:
         return mtp_checkpoint.read_safetensors_header(path).tensors
-    from vllm.transformers_utils.utils import parse_safetensors_file_metadata
-
     try:
-        return mtp_checkpoint.tensor_infos(parse_safetensors_file_metadata(path))
+        return mtp_checkpoint.tensor_infos(vllm_utils.parse_safetensors_file_metadata(path))
     except ValueError as error:
         raise mtp_checkpoint.CheckpointHeaderError(str(error)) from error
 
