@@ -110,6 +110,8 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 from vllm.transformers_utils import mtp_checkpoint as m
+sys.path.insert(0, sys.argv[2])
+from survey_cases import read_header
 def status(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
     return int(line.split()[1])  # KiB
@@ -124,7 +126,7 @@ try:
         result = m.survey_mtp_checkpoint(path, 4, 1)
         outcome = "survey: " + str(getattr(result, "summary", result))[:80]
     else:
-        outcome = f"header of {len(m.read_safetensors_header(path).tensors):,} tensors"
+        outcome = f"header of {len(read_header(path)):,} tensors"
 except (m.CheckpointHeaderError, m.MtpTensorsMissingError) as error:
     outcome = f"{type(error).__name__}: {str(error).replace(str(path), '<input>')[:110]}"
 seconds = time.perf_counter() - start
@@ -141,7 +143,10 @@ def bounds() -> int:
             target = _make(case, Path(scratch))
             try:
                 done = subprocess.run(
-                    [sys.executable, "-c", _CHILD, str(target)], capture_output=True, text=True, timeout=120
+                    [sys.executable, "-c", _CHILD, str(target), str(ROOT / "tests")],
+                    capture_output=True,
+                    text=True,
+                    timeout=120,
                 )
             except subprocess.TimeoutExpired:
                 print(f"{case:42}  TIMEOUT (over 120 s)")

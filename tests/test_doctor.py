@@ -382,7 +382,9 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
     # The decision for this test bed's release is taken from the series its vLLM carries.
     import vllm.transformers_utils.mtp_checkpoint as installed
 
-    assert open(installed.__file__).read() == module_source(survey_patch(pin.series_dir))
+    # The newest series' 0001a appends survey_checkpoint (Hub repositories), which the doctor does
+    # not run: what it runs is the installed file up to there, character for character.
+    assert open(installed.__file__).read().startswith(module_source(survey_patch(pin.series_dir)))
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
 
 

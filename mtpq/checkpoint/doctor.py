@@ -288,10 +288,17 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
     if diagnosis.architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {checkpoint.architecture} is not known here")
     if diagnosis.tensors_missing:
-        # The series' own start-up check, on the same survey: its words are the refusal's.
+        # The series' own start-up check, on the same survey: its words are the refusal's. The files
+        # it reads are chosen by the newest series' module, whose errors are caught too.
+        newest = load_survey()
+        refusals = (
+            survey.MtpTensorsMissingError,
+            newest.MtpTensorsMissingError,
+            newest.CheckpointHeaderError,
+        )
         try:
             checkpoint.files.survey_at_start_up(survey, checkpoint, declaration.count)
-        except (survey.MtpTensorsMissingError, survey.CheckpointHeaderError) as error:
+        except refusals as error:
             return Verdict(
                 CRASH, f"start-up refuses: {_missing_tensors(diagnosis)}", facts.PATCHED_PREFIX + str(error)
             )

@@ -11,13 +11,19 @@ import dataclasses
 import importlib
 import json
 import re
-import tempfile
 import types
 import urllib.parse
 from pathlib import Path
 
-from mtpq.checkpoint.reader import CheckpointError, CheckpointFiles, spans_of
-from mtpq.checkpoint.survey import load_survey
+from mtpq.checkpoint.reader import (
+    MAX_INDEX_BYTES,
+    CheckpointError,
+    CheckpointFiles,
+    Header,
+    check_header_length,
+    parse_header,
+    spans_of,
+)
 
 INSTALL_HINT = "pip install 'mtpq[hub]'"
 MIN_HUB_VERSION = "1.0"  # as pyproject.toml's `hub` extra asks
@@ -143,26 +149,20 @@ class HubFiles(CheckpointFiles):
         return size
 
     def read_bytes(self, file: str, what: str) -> bytes:
-        limit = load_survey().MAX_INDEX_BYTES
+        limit = MAX_INDEX_BYTES
         size = self.file_size(file)
         if size > limit:
             raise CheckpointError(f"{self.path(file)}: {size} bytes, over the {limit} a {what} may have")
         return self.read_range(file, 0, size) if size else b""
 
-    def read_header(self, file: str):
+    def read_header(self, file: str) -> Header:
         """The 8-byte length, then the header: two range requests. The length is checked against the
-        file's size and the survey's limit before the header is asked for."""
-        survey = load_survey()
+        file's size and the limit before the header is asked for."""
         size, where = self.file_size(file), self.path(file)
-        if size < 8:
-            raise CheckpointError(f"{where}: {size} bytes, too short for a header length")
-        length = int.from_bytes(self.read_range(file, 0, 8), "little")
-        if not 0 < length <= size - 8 or length > survey.MAX_HEADER_BYTES:
-            raise CheckpointError(
-                f"{where}: header length {length} in a {size}-byte file (at most {survey.MAX_HEADER_BYTES})"
-            )
+        length = int.from_bytes(self.read_range(file, 0, 8), "little") if size >= 8 else 0
+        check_header_length(where, length, size)
         raw = self.read_range(file, 8, 8 + length)
-        header = _validated_header(survey, where, raw, size)
+        header = parse_header(where, raw, size)
         self._raw_headers[file] = raw
         return header
 
@@ -189,19 +189,9 @@ class HubFiles(CheckpointFiles):
             return data
         raise CheckpointError(f"{where}: bytes {begin}-{end - 1} could not be read ({failure})")
 
-    def survey_at_start_up(self, survey, checkpoint, num_mtp_layers: int) -> None:
-        """What the series does for a Hub repository: the survey of the tensors its headers list
-        (an index entry naming a missing file fails as the local check does)."""
-        layers = checkpoint.num_hidden_layers
-        missing = checkpoint.coverage.missing_files
-        # the index's first MTP tensor in a missing file, as the series' local check names it
-        for name, file in (checkpoint.index or {}).items():
-            if file in missing and survey.is_mtp_tensor(name, layers):
-                where = f"to {file}, which is not in {self.name}"
-                raise survey.MtpTensorsMissingError(
-                    f"{survey.INDEX_FILE} maps MTP tensors (e.g. {name}) {where}"
-                )
-        survey.survey_mtp_tensors(checkpoint.tensors, layers, num_mtp_layers, where=self.name)
+    def surveyed(self, searched: str) -> str:
+        """The series surveys a Hub repository from its header metadata, naming the repository."""
+        return self.name
 
     # --- HTTP through huggingface_hub -------------------------------------------------------------------
 
@@ -285,18 +275,3 @@ def _transport_error(hub) -> type[Exception]:
 def _origin(url: str) -> tuple[str, str]:
     parts = urllib.parse.urlsplit(url)
     return parts.scheme.lower(), parts.netloc.lower()
-
-
-def _validated_header(survey, where: str, raw: bytes, file_size: int):
-    """The survey's own reader on the fetched header: written into a sparse stand-in of the file's
-    real size (the data stays a hole), so the remote header is checked exactly as a local one is."""
-    with tempfile.TemporaryDirectory(prefix="mtpq-header-") as scratch:
-        stand_in = Path(scratch) / "header.safetensors"
-        with open(stand_in, "wb") as out:
-            out.write(len(raw).to_bytes(8, "little") + raw)
-            out.truncate(file_size)
-        try:
-            header = survey.read_safetensors_header(stand_in)
-        except survey.CheckpointHeaderError as error:
-            raise CheckpointError(str(error).replace(str(stand_in), where)) from None
-    return dataclasses.replace(header, path=where)

@@ -1,16 +1,22 @@
-"""A checkpoint as vLLM sees it before loading a tensor: config files and safetensors headers (through
-the survey's own bounded header reader), never tensor data; in a local directory, or on the Hub
-(mtpq.checkpoint.hub)."""
+"""A checkpoint as vLLM sees it before loading a tensor: config files and safetensors headers (read
+here, bounded and checked as patched vLLM's parse_safetensors_file_metadata reads them), never tensor
+data; in a local directory, or on the Hub (mtpq.checkpoint.hub)."""
 
 from __future__ import annotations
 
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpq.checkpoint.survey import load_survey
 
 CONFIG_FILE = "config.json"
+# The longest safetensors header read, as vLLM (series patch 0000) and the safetensors library allow.
+MAX_HEADER_BYTES = 100_000_000
+# An index or config is read whole: refuse one far larger than any real checkpoint's.
+MAX_INDEX_BYTES = 64 * 2**20
 # ModelOpt writes its quantization here; vLLM reads it when config.json has no quantization_config.
 MODELOPT_CONFIG_FILE = "hf_quant_config.json"
 # Where each quantization method keeps the modules it leaves unquantized.
@@ -37,6 +43,61 @@ class Coverage:
         return not (
             self.duplicates or self.missing_files or self.unmapped or self.misplaced or self.total_size
         )
+
+
+@dataclass(frozen=True)
+class Header:
+    path: str
+    tensors: dict  # name -> the survey's TensorInfo
+    bytes_read: int  # 8 + the header's length
+    file_size: int
+
+
+def check_header_length(where: str, length: int, file_size: int) -> None:
+    """The 8-byte length a file declares, checked before its header is read."""
+    if file_size < 8:
+        raise CheckpointError(f"{where}: {file_size} bytes, too short for a safetensors header")
+    if not 0 < length <= min(file_size - 8, MAX_HEADER_BYTES):
+        raise CheckpointError(
+            f"{where}: header length {length} does not fit a {file_size}-byte file "
+            f"(at most {MAX_HEADER_BYTES})"
+        )
+
+
+def parse_header(where: str, raw: bytes, file_size: int) -> Header:
+    """A header's JSON, each tensor entry checked as patched vLLM checks it (series patch 0000): a
+    string dtype, a shape of sizes and data_offsets [begin, end] within the file's data."""
+    try:
+        header = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise CheckpointError(f"{where}: header is not JSON ({error})") from None
+    if not isinstance(header, dict):
+        raise CheckpointError(f"{where}: header is not a JSON object")
+    data_size = file_size - 8 - len(raw)
+    for name, entry in header.items():
+        if name != "__metadata__" and not _is_tensor_entry(entry, data_size):
+            raise CheckpointError(
+                f"{where}: tensor {name!r:.200} has {entry!r:.200}, not a string dtype, a shape and "
+                f"data_offsets within the {data_size} data bytes"
+            )
+    return Header(where, load_survey().tensor_infos(header), 8 + len(raw), file_size)
+
+
+def _is_tensor_entry(entry: object, data_size: int) -> bool:
+    if not isinstance(entry, dict):
+        return False
+    shape, offsets = entry.get("shape"), entry.get("data_offsets")
+    return (
+        isinstance(entry.get("dtype"), str)
+        and _are_sizes(shape)
+        and _are_sizes(offsets)
+        and len(offsets) == 2
+        and offsets[0] <= offsets[1] <= data_size
+    )
+
+
+def _are_sizes(value: object) -> bool:
+    return isinstance(value, list) and all(type(size) is int and size >= 0 for size in value)  # no bool
 
 
 @dataclass(frozen=True)
@@ -120,8 +181,7 @@ class CheckpointFiles:
     def read_bytes(self, file: str, what: str) -> bytes:
         raise NotImplementedError
 
-    def read_header(self, file: str):
-        """The survey's SafetensorsHeader of one file, validated by the survey."""
+    def read_header(self, file: str) -> Header:
         raise NotImplementedError
 
     def data_spans(self, file: str) -> dict[str, tuple[int, int]]:
@@ -133,8 +193,17 @@ class CheckpointFiles:
         raise NotImplementedError
 
     def survey_at_start_up(self, survey, checkpoint: Checkpoint, num_mtp_layers: int) -> None:
-        """Run a series' start-up survey (its module) on the checkpoint where it is: raises its errors."""
-        raise NotImplementedError
+        """What a series' start-up survey (its module) finds in the headers read: an index entry naming
+        an absent file of MTP tensors, or no MTP tensor; raises the survey's errors."""
+        layers = checkpoint.num_hidden_layers
+        _, searched = load_survey().files_to_survey(
+            self.name, self.safetensors_files(), checkpoint.index, layers, self.exists
+        )
+        survey.survey_mtp_tensors(checkpoint.tensors, layers, num_mtp_layers, where=self.surveyed(searched))
+
+    def surveyed(self, searched: str) -> str:
+        """How the series' survey names the checkpoint: a directory with the files it searched."""
+        return searched
 
 
 class LocalFiles(CheckpointFiles):
@@ -160,12 +229,21 @@ class LocalFiles(CheckpointFiles):
         except OSError as error:
             raise CheckpointError(f"{self.path(file)}: unreadable {what} ({error})") from None
 
-    def read_header(self, file: str):
-        survey = load_survey()
+    def read_header(self, file: str) -> Header:
+        path = self.path(file)
         try:
-            return survey.read_safetensors_header(self.directory / file)
-        except survey.CheckpointHeaderError as error:
-            raise CheckpointError(str(error)) from None
+            # O_NONBLOCK: a FIFO is refused below, not waited on.
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            info = os.fstat(fd)
+            if not stat.S_ISREG(info.st_mode):  # a directory, FIFO or device
+                os.close(fd)
+                raise CheckpointError(f"{path}: not a regular file")
+            with open(fd, "rb") as stream:
+                length = int.from_bytes(stream.read(8), "little")
+                check_header_length(path, length, info.st_size)
+                return parse_header(path, stream.read(length), info.st_size)
+        except OSError as error:
+            raise CheckpointError(f"{path}: unreadable ({error})") from None
 
     def data_spans(self, file: str) -> dict[str, tuple[int, int]]:
         with open(self.directory / file, "rb") as stream:
@@ -179,9 +257,6 @@ class LocalFiles(CheckpointFiles):
         if len(piece) != end - begin:
             raise CheckpointError(f"{self.path(file)}: ends before byte {end}")
         return piece
-
-    def survey_at_start_up(self, survey, checkpoint: Checkpoint, num_mtp_layers: int) -> None:
-        survey.survey_mtp_checkpoint(self.directory, checkpoint.num_hidden_layers, num_mtp_layers)
 
 
 def spans_of(header: dict, data_start: int) -> dict[str, tuple[int, int]]:

@@ -1,15 +1,16 @@
 """The MTP header survey patched vLLM runs, loaded out of the patch that adds it.
 
-The series adds `vllm/transformers_utils/mtp_checkpoint.py` (safetensors headers, MTP tensor names,
-their on-disk formats, the draft's quantization decision). The doctor and graft run that very file:
-its source is the `+` lines of the new-file patch, executed as a module, so there is one copy of the
-logic and the doctor judges a checkpoint exactly as patched vLLM does. Reading headers and finding
-MTP tensors is the newest series' module; the draft's quantization decision, which the series differ
-on, is taken from the module of the series serving the release judged (`series_survey`).
+The series adds `vllm/transformers_utils/mtp_checkpoint.py` (MTP tensor names, their on-disk formats,
+the files to read, the draft's quantization decision). The doctor and graft run that very file: its
+source is the `+` lines of the new-file patch, executed as a module, so there is one copy of the
+classification and the doctor judges a checkpoint exactly as patched vLLM does, from the headers it
+reads itself (mtpq.checkpoint.reader). Finding MTP tensors is the newest series' module; the draft's
+quantization decision, which the series differ on, is taken from the module of the series serving
+the release judged (`series_survey`).
 
-It needs neither vLLM (imported there only lazily, for Hub metadata) nor the third-party `regex`
-package, which vLLM's lint requires in place of `re`: its `import regex` is served by the standard
-library's `re`, which accepts the module's patterns.
+It needs neither vLLM (imported there only inside the functions that read files, which the doctor
+does not call) nor the third-party `regex` package, which vLLM's lint requires in place of `re`: its
+`import regex` is served by the standard library's `re`, which accepts the module's patterns.
 """
 
 from __future__ import annotations
