@@ -2,7 +2,7 @@
 tests proven on the CPU engine (fail without the patch, pass with it), and upstream's linters.
 
 Runs in the newest target's session only: the series that serves it carries the newest series'
-patches, and the other checks do not depend on the target.
+patches (less those for models its release lacks), and the other checks do not depend on the target.
 """
 
 from __future__ import annotations
@@ -97,9 +97,11 @@ def test_each_patch_s_vllm_native_tests_fail_without_it_and_pass_with_it(engine_
     proofs = native_tests.prove(*engine_series)
     print("\n".join(native_tests.describe(proof) for proof in proofs))
     proven = {proof.patch for proof in proofs if proof.ok}
-    assert {patch.name for patch in pull_requests.proposed(upstream_series)} <= proven, [
-        native_tests.describe(proof) for proof in proofs if not proof.ok
-    ]
+    # A patch for a model the engine's release lacks (v0.33.0's 0009, Step5) is not in its series.
+    on_engine = {patch.name for patch in engine_series[2].patches}
+    proposed = {patch.name for patch in pull_requests.proposed(upstream_series)}
+    assert proposed & on_engine <= proven, [native_tests.describe(proof) for proof in proofs if not proof.ok]
+    assert proposed - on_engine == {"0009-step5-mtp-blocks-draft-quant-config.patch"}
 
 
 def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_copy):
