@@ -9,6 +9,7 @@ variant; each section is a module of this directory with a ``probe() -> dict``:
 * ``dsv4``: dsv4_bf16_mtp, DeepSeek-V4 drafts built, loaded and their o_proj run
 * ``step3p5``: step3p5_mtp, Step-3.5 NVFP4 and INT8 drafts built and loaded
 * ``families``: mtp_families, Qwen3.5 / GLM-4.x / GLM-5 drafts of BF16 MTP layers under each format
+* ``drafter_matrix``: drafter_matrix, every MTP drafter of the registry under a quantized target
 
 Arguments name the sections to run (all by default). Last stdout line: one JSON object,
 ``{"vllm_file": ..., section: result, ...}``.
@@ -26,6 +27,7 @@ SECTIONS = {
     "dsv4": "dsv4_bf16_mtp",
     "step3p5": "step3p5_mtp",
     "families": "mtp_families",
+    "drafter_matrix": "drafter_matrix",
 }
 
 
