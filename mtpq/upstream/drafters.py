@@ -36,6 +36,10 @@ _MODEL_PACKAGES = "vllm/model_executor/models"
 FROM_VLLM_CONFIG = "vllm_config.quant_config"
 FROM_DRAFT_HELPER = "get_draft_quant_config"
 OWN_LOGIC = "own logic"
+DEFERS = "own logic, deferring to draft_quant_config"
+# The series' guard: a drafter's own quantization rule applies only when draft_quant_config leaves the
+# draft the target's quantization.
+_DEFER_GUARD = "mtp_draft_has_own_quant_config"
 # Names that read a checkpoint's quantization settings from its HF config: a drafter that reads them
 # decides its quantization itself (Qwen3.5's GPTQ `dynamic` entries, LongCat's disable_quant_module,
 # Hunyuan V4's mtp_quant_algo and ignored_layers).
@@ -57,8 +61,8 @@ class Drafter:
     class_name: str
     model_file: str  # the file defining the class, relative to the tree
     targets: tuple[str, ...]  # model_types / architectures hf_config_override turns into this drafter
-    quant_source: str  # FROM_VLLM_CONFIG, FROM_DRAFT_HELPER or OWN_LOGIC
-    own_logic: tuple[str, ...] = ()  # what the own logic reads or does, when OWN_LOGIC
+    quant_source: str  # FROM_VLLM_CONFIG, FROM_DRAFT_HELPER, OWN_LOGIC or DEFERS
+    own_logic: tuple[str, ...] = ()  # what the own logic reads or does (OWN_LOGIC, DEFERS)
 
 
 def directory_reader(root: Path) -> Reader:
@@ -153,8 +157,10 @@ def defining_file(read: Reader, module: str, class_name: str) -> str:
 
 def quant_source(model_source: str) -> tuple[str, tuple[str, ...]]:
     """How a drafter's model file gets the draft's quantization config, and (own logic) what it does
-    besides: reads the checkpoint's quantization settings, or replaces vllm_config.quant_config with
-    anything but get_draft_quant_config's result."""
+    besides: reads the checkpoint's quantization settings, replaces vllm_config.quant_config with
+    anything but get_draft_quant_config's result, or rebuilds vllm_config around another model_config
+    (``replace(vllm_config, model_config=...)`` derives the quant config from the checkpoint again).
+    Own logic guarded by the series' _DEFER_GUARD defers to the decision."""
     tree = ast.parse(model_source)
     from_helper = set()
     for node in ast.walk(tree):
@@ -164,6 +170,16 @@ def quant_source(model_source: str) -> tuple[str, tuple[str, ...]]:
             and getattr(node.value.func, "id", getattr(node.value.func, "attr", None)) == FROM_DRAFT_HELPER
         ):
             from_helper |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    # A rebuilt vllm_config that is then given get_draft_quant_config's result keeps the decision.
+    helper_reassigned = any(
+        isinstance(node, ast.Assign)
+        and isinstance(node.value, ast.Name)
+        and node.value.id in from_helper
+        and any(
+            isinstance(target, ast.Attribute) and target.attr == "quant_config" for target in node.targets
+        )
+        for node in ast.walk(tree)
+    )
     own = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and node.value in _CHECKPOINT_QUANT_FIELDS:
@@ -178,9 +194,17 @@ def quant_source(model_source: str) -> tuple[str, tuple[str, ...]]:
         ):
             if not (isinstance(node.value, ast.Name) and node.value.id in from_helper):
                 own.add("replaces vllm_config.quant_config")
+        elif (
+            not helper_reassigned
+            and isinstance(node, ast.Call)
+            and getattr(node.func, "id", getattr(node.func, "attr", None)) == "replace"
+            and any(keyword.arg == "model_config" for keyword in node.keywords)
+        ):
+            own.add("replace(vllm_config, model_config=...) re-derives the quant config")
+    names = {getattr(node, "id", getattr(node, "attr", None)) for node in ast.walk(tree)}
     if own:
-        return OWN_LOGIC, tuple(sorted(own))
-    if from_helper or FROM_DRAFT_HELPER in {getattr(node, "id", None) for node in ast.walk(tree)}:
+        return (DEFERS if _DEFER_GUARD in names else OWN_LOGIC), tuple(sorted(own))
+    if FROM_DRAFT_HELPER in names:
         return FROM_DRAFT_HELPER, ()
     return FROM_VLLM_CONFIG, ()
 
@@ -312,6 +336,7 @@ _QUANT_SOURCE_WORDS = {
     FROM_VLLM_CONFIG: "`vllm_config.quant_config` (the decision reaches it)",
     FROM_DRAFT_HELPER: "`get_draft_quant_config` (the decision reaches it, patch 0003)",
     OWN_LOGIC: "own logic: bypasses the decision",
+    DEFERS: "own logic, applied only when the decision keeps the target's quantization",
 }
 
 
@@ -380,22 +405,26 @@ def _cell(text: str) -> str:
     return text.replace("|", "\\|")
 
 
-def markdown_table(rows: list[Row]) -> str:
+def _source_words(drafter: Drafter) -> str:
+    words = _QUANT_SOURCE_WORDS[drafter.quant_source]
+    return f"{words} ({', '.join(drafter.own_logic)})" if drafter.own_logic else words
+
+
+def markdown_table(rows: list[Row], stock: dict[str, Drafter]) -> str:
+    """``stock``: the drafters of the release without the series, by key."""
     lines = [
-        "| drafter | target model_type / architecture | model file | quant config from "
+        "| drafter | target model_type / architecture | model file | quant config from (stock → with the series) "
         "| BF16 MTP layer, INT8 target: with the series | stock vLLM | checked by |",
         "|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         drafter = row.drafter
-        source = _QUANT_SOURCE_WORDS[drafter.quant_source]
-        if drafter.own_logic:
-            source += f" ({', '.join(drafter.own_logic)})"
+        source, stock_source = _source_words(drafter), _source_words(stock[drafter.key])
         cells = (
             f"`{drafter.key}`",
             ", ".join(f"`{target}`" for target in drafter.targets) or "—",
             f"`{drafter.model_file.removeprefix('vllm/')}`",
-            source,
+            source if source == stock_source else f"stock: {stock_source} → {source}",
             row.patched,
             row.stock,
             row.checked_by,
@@ -404,9 +433,9 @@ def markdown_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-def summary(rows: list[Row]) -> str:
-    """How many drafters build unquantized / quantized / not at all, with the series and stock, and how
-    many bypass the decision."""
+def summary(rows: list[Row], stock: dict[str, Drafter]) -> str:
+    """How many drafters bypass the decision (stock, with the series), and how many build unquantized /
+    quantized / not at all with the series and stock."""
 
     def counts(column: str) -> str:
         values = [getattr(row, column).split(":")[0] for row in rows]
@@ -414,16 +443,20 @@ def summary(rows: list[Row]) -> str:
         return ", ".join(f"{values.count(value)} {word}" for value, word in words.items() if value in values)
 
     bypass = sum(row.drafter.quant_source == OWN_LOGIC for row in rows)
+    stock_bypass = sum(drafter.quant_source == OWN_LOGIC for drafter in stock.values())
     return (
-        f"{len(rows)} MTP drafters; {bypass} decide their quantization themselves. "
-        f"With the series: {counts('patched')}. Stock: {counts('stock')}."
+        f"{len(rows)} MTP drafters; {stock_bypass} decide their quantization themselves on stock vLLM, "
+        f"{bypass} with the series. Built with the series: {counts('patched')}. "
+        f"Stock: {counts('stock')}."
     )
 
 
-def release_drafters(pin) -> list[Drafter]:
-    """The drafters of a pinned release with its series applied, read from git objects of its pinned
-    tree (nothing checked out, nothing imported)."""
+def release_drafters(pin, with_series: bool = True) -> list[Drafter]:
+    """The drafters of a pinned release, with its series applied or stock, read from git objects of
+    its pinned tree (nothing checked out, nothing imported)."""
     repo = gittree.open_repo(gittree.pinned_tree(pin))
+    if not with_series:
+        return read_drafters(revision_reader(repo, pin.tag))
     results, commit = gittree.series_commit(repo, load_series(pin.series_dir), pin.tag)
     if not all(result.ok for result in results):
         failed = ", ".join(f"{result.name} ({result.status})" for result in results if not result.ok)
@@ -436,6 +469,7 @@ def render_matrix(pins: dict, record: dict) -> str:
     sections = []
     for pin in sorted(pins.values(), key=lambda pin: version_key(pin.version), reverse=True):
         rows = matrix_rows(pin.version, release_drafters(pin), record)
+        stock = {drafter.key: drafter for drafter in release_drafters(pin, with_series=False)}
         heading = f"### MTP drafters of vLLM {pin.version}"
-        sections.append(f"{heading}\n\n{summary(rows)}\n\n{markdown_table(rows)}\n")
+        sections.append(f"{heading}\n\n{summary(rows, stock)}\n\n{markdown_table(rows, stock)}\n")
     return "\n".join(sections)
