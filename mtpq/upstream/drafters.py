@@ -413,7 +413,8 @@ def _source_words(drafter: Drafter) -> str:
 def markdown_table(rows: list[Row], stock: dict[str, Drafter]) -> str:
     """``stock``: the drafters of the release without the series, by key."""
     lines = [
-        "| drafter | target model_type / architecture | model file | quant config from (stock → with the series) "
+        "| drafter | target model_type / architecture | model file "
+        "| quant config from (stock → with the series) "
         "| BF16 MTP layer, INT8 target: with the series | stock vLLM | checked by |",
         "|---|---|---|---|---|---|---|",
     ]
