@@ -333,10 +333,10 @@ QUANTIZED = "quantized"
 NOT_BUILT = "not built"
 STATIC_ONLY = "static only"
 _QUANT_SOURCE_WORDS = {
-    FROM_VLLM_CONFIG: "`vllm_config.quant_config` (the decision reaches it)",
-    FROM_DRAFT_HELPER: "`get_draft_quant_config` (the decision reaches it, patch 0003)",
-    OWN_LOGIC: "own logic: bypasses the decision",
-    DEFERS: "own logic, applied only when the decision keeps the target's quantization",
+    FROM_VLLM_CONFIG: "`vllm_config.quant_config`",
+    FROM_DRAFT_HELPER: "`get_draft_quant_config`",
+    OWN_LOGIC: "own logic, bypassing the decision",
+    DEFERS: "own logic, deferring to the decision",
 }
 
 
