@@ -93,7 +93,7 @@ TARGET_OVERRIDES = {
     # Its config class has no default layer count; the MTP survey reads it.
     "DeepSeekV4MTPModel": {"num_hidden_layers": SIZES["num_hidden_layers"]},
     "LongCatFlashMTPModel": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
-    "HYV3MTPModel": {"expert_hidden_dim": SIZES["moe_intermediate_size"]},
+    "HYV3MTPModel": {"expert_hidden_dim": SIZES["moe_intermediate_size"], "route_norm": True},
     "InklingMTPModel": {"mtp_config": {"num_nextn_predict_layers": 1}},
 }
 # What the header survey reads: one BF16 linear weight under an MTP prefix.
@@ -163,9 +163,10 @@ def _targets(drafter: Drafter) -> list[tuple[str, str]]:
 
 
 def _shrunk(values: dict) -> dict:
-    """The SIZES a config dict has (a head_dim if it has heads), its per-layer lists cut to the
+    """The SIZES a config dict sets (a head_dim if it has heads), its per-layer lists cut to the
     shrunk layer count, and ALWAYS; nested configs likewise."""
-    changes = {name: size for name, size in SIZES.items() if name in values} | ALWAYS
+    # A size the class leaves 0 means the part is absent (GLM-5-Next's DSA layers have no RoPE dims).
+    changes = {name: size for name, size in SIZES.items() if values.get(name, 0) != 0} | ALWAYS
     if "num_attention_heads" in values:
         changes["head_dim"] = SIZES["head_dim"]
     layers = values.get("num_hidden_layers")
