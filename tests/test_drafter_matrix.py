@@ -165,9 +165,7 @@ def test_matrix_command_prints_the_tables(capsys):
     assert capsys.readouterr().out == drafters.render_matrix(load_pins(), drafters.load_record())
 
 
-def test_static_reading_needs_no_vllm_import(tmp_path):
-    """The 0.33.0 tree (no CPU engine) is read from source alone: a registry without the dict is refused
-    naming the file."""
+def test_a_registry_without_the_drafter_dict_is_refused_naming_the_file(tmp_path):
     (tmp_path / "vllm/model_executor/models").mkdir(parents=True)
     (tmp_path / drafters.REGISTRY).write_text("MODELS = {}\n")
     with pytest.raises(drafters.DrafterSourceError, match="registry.py: no _SPECULATIVE_DECODING_MODELS"):
