@@ -1,4 +1,4 @@
-"""Command line of `python -m mtpq`: doctor, graft and upstream."""
+"""Command line of `python -m mtpq`: doctor, graft, matrix and upstream."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from mtpq.checkpoint.graft import GraftError, graft
 from mtpq.checkpoint.hub import INSTALL_HINT
 from mtpq.checkpoint.reader import CheckpointError
 from mtpq.checkpoint.survey import SurveyLoadError
-from mtpq.upstream import lint, native_tests, pull_requests, vllm_suite
+from mtpq.upstream import drafters, lint, native_tests, pull_requests, vllm_suite
 
 EXIT_BAD_INPUT = 2
 
@@ -78,6 +78,16 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         "that alone makes it work (exit 1 where it cannot; the checkpoint is still written)",
     )
     grafting.add_argument("--force", action="store_true", help="replace NEW_CKPT if it exists")
+    commands.add_parser(
+        "matrix",
+        help="print the README's MTP drafter support tables (markdown), one per supported release",
+        description=(
+            "Every MTP drafter of each supported release's registry (read from its tree with the series "
+            "applied), how it gets its quantization config, and what the construction probe recorded "
+            f"({drafters.RECORD.name}): the draft of a BF16 MTP layer under a quantized target with the "
+            "series and on stock vLLM, and what checked it."
+        ),
+    )
     _add_upstream(commands)
     return parser
 
@@ -90,6 +100,9 @@ def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
             return _doctor(args)
         if args.command == "upstream":
             return _upstream(args)
+        if args.command == "matrix":
+            print(drafters.render_matrix(load_pins(), drafters.load_record()), end="")
+            return 0
         return _graft(args)
     except (
         CheckpointError,
@@ -102,6 +115,8 @@ def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
         lint.LintError,
         native_tests.ProofError,
         vllm_suite.SuiteError,
+        drafters.MatrixError,
+        drafters.DrafterSourceError,
     ) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT

@@ -4,6 +4,7 @@ Run under an unpatched or a patched vLLM (patched ``vllm`` first on PYTHONPATH).
 most of a probe's cost, so the construction and weight-loading sections share one process per vLLM
 variant; each section is a module of this directory with a ``probe() -> dict``:
 
+* ``drafter_matrix``: drafter_matrix, every MTP drafter of the registry under a quantized target
 * ``construction``: mtp_draft_construction, the quant method of every linear per checkpoint layout
 * ``dsv4_ignore_entries``: dsv4_mtp_ignore_entries, DeepSeek-V4 MTP ignore entries and the draft
 * ``dsv4``: dsv4_bf16_mtp, DeepSeek-V4 drafts built, loaded and their o_proj run
@@ -20,7 +21,10 @@ import importlib
 import json
 import sys
 
+# drafter_matrix first: it builds DeepSeek-V4 as the CPU platform resolves it, before the dsv4 sections
+# register the NVIDIA classes under its architecture names.
 SECTIONS = {
+    "drafter_matrix": "drafter_matrix",
     "construction": "mtp_draft_construction",
     "dsv4_ignore_entries": "dsv4_mtp_ignore_entries",
     "dsv4": "dsv4_bf16_mtp",

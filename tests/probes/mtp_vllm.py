@@ -112,6 +112,11 @@ def kernel_choice_stand_ins() -> list[contextlib.AbstractContextManager]:
     return linear + moe
 
 
+def cuda_stream_stand_ins() -> list[contextlib.AbstractContextManager]:
+    """CUDA streams and events, which NVIDIA implementations create while built (they hold no weight)."""
+    return [mock.patch("torch.cuda.Stream"), mock.patch("torch.cuda.Event")]
+
+
 def deepseek_v4_stand_ins() -> list[contextlib.AbstractContextManager]:
     """Build DeepSeek-V4 as CUDA runs it: what its CUDA implementation needs from a GPU while it is
     built (streams and events, a device capability, sm_90; its tilelang mHC kernels, which vLLM 0.32+
@@ -130,8 +135,7 @@ def deepseek_v4_stand_ins() -> list[contextlib.AbstractContextManager]:
     ModelRegistry.register_model("DeepseekV4ForCausalLM", model.DeepseekV4ForCausalLM)
     ModelRegistry.register_model("DeepSeekV4MTPModel", mtp.DeepSeekV4MTP)
     return [
-        mock.patch("torch.cuda.Stream"),
-        mock.patch("torch.cuda.Event"),
+        *cuda_stream_stand_ins(),
         mock.patch.object(
             type(current_platform), "get_device_capability", return_value=DeviceCapability(9, 0)
         ),
@@ -142,9 +146,11 @@ def deepseek_v4_stand_ins() -> list[contextlib.AbstractContextManager]:
     ]
 
 
-def mtp_vllm_config(checkpoint_dir: Path, speculative_options: dict | None = None):
+def mtp_vllm_config(
+    checkpoint_dir: Path, speculative_options: dict | None = None, cache_options: dict | None = None
+):
     """The VllmConfig of a one-token MTP run on the checkpoint (no tokenizer, no weights read)."""
-    from vllm.config import ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
     model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
     speculative_config = SpeculativeConfig(
@@ -154,7 +160,11 @@ def mtp_vllm_config(checkpoint_dir: Path, speculative_options: dict | None = Non
         target_parallel_config=ParallelConfig(),
         **(speculative_options or {}),
     )
-    return VllmConfig(model_config=model_config, speculative_config=speculative_config)
+    return VllmConfig(
+        model_config=model_config,
+        speculative_config=speculative_config,
+        cache_config=CacheConfig(**(cache_options or {})),
+    )
 
 
 def has_draft_quant_config() -> bool:
@@ -213,6 +223,7 @@ def build_mtp_draft(
     cache_dtype: str | None = None,
     speculative_options: dict | None = None,
     after_target_loading: Callable[[object], None] | None = None,
+    cache_options: dict | None = None,
 ):
     """(draft, vllm_config): the MTP draft built on CPU as the proposer builds it, with
     ``stand_ins`` (context managers replacing CUDA-bound pieces) active while it is built;
@@ -224,7 +235,7 @@ def build_mtp_draft(
     )
     from vllm.utils.torch_utils import set_default_torch_dtype
 
-    vllm_config = mtp_vllm_config(checkpoint_dir, speculative_options)
+    vllm_config = mtp_vllm_config(checkpoint_dir, speculative_options, cache_options)
     if cache_dtype is not None:
         vllm_config.cache_config.cache_dtype = cache_dtype
     draft_model_config = vllm_config.speculative_config.draft_model_config

@@ -1,0 +1,359 @@
+"""Probe section: every MTP drafter of this vLLM's registry built on CPU as the proposer builds it, from
+a tiny config of its target architecture quantized as a whole (compressed-tensors INT8 W8A8) whose MTP
+layer is BF16 on disk.
+
+The drafters and the target configs vLLM turns into each are read from this vLLM's own source
+(mtpq.upstream.drafters, the registry and SpeculativeConfig.hf_config_override), never listed here.
+Each target's config is its config class's (transformers' or vLLM's own; where it is remote code, an
+importable class of the same fields registered under its model type: REMOTE_CONFIG_STAND_INS) with
+its size attributes shrunk (SIZES; list attributes with one entry per layer cut to the new layer
+count), plus the few fields an architecture needs besides (TARGET_OVERRIDES). The checkpoint holds one
+BF16 MTP tensor: what the header survey of draft_quant_config="auto" reads (nothing is loaded). Only
+what holds no weight and is bound to CUDA or refused by the CPU platform is stood in for: kernel and
+unquantized MoE backend choices (mtp_vllm.kernel_choice_stand_ins, UNQUANTIZED_MOE_CHOICE), CUDA
+streams, and the multi-head latent attention wrapper (the CPU platform refuses MLA, sparse MLA on 0.32).
+
+Result: ``{drafter key: {"target": {"model_type", "architectures"}, "draft_quant_decision": ...,
+"linears": {module: quant method}}}``, or ``{"target": ..., "build": {"error_type", "error"}}`` when
+the draft cannot be built (``"config"`` instead of ``"build"``: no config of the target could be made).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+import tempfile
+from pathlib import Path
+from unittest import mock
+
+import torch
+from mtp_vllm import (
+    INT8_W8A8_QUANTIZATION_CONFIG,
+    build_mtp_draft,
+    cuda_stream_stand_ins,
+    describe_linears,
+    draft_quant_decision,
+    failure,
+    kernel_choice_stand_ins,
+)
+from safetensors.torch import save_file
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from mtpq.upstream.drafters import Drafter, directory_reader, read_drafters  # noqa: E402
+
+# Size attributes of config classes, shrunk so every drafter builds in well under a second. Widths
+# are multiples of 16 (INT8 channels, head dims); one expert group.
+SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "moe_intermediate_size": 32,
+    "shared_expert_intermediate_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    # as many KV heads as heads: some attentions (GLM-5-Next's, MiniMax-M3's indexer) require it
+    "num_key_value_heads": 4,
+    "head_dim": 16,
+    "vocab_size": 256,
+    "max_position_embeddings": 256,
+    "n_routed_experts": 4,
+    "num_experts": 4,
+    "num_local_experts": 4,
+    "num_experts_per_tok": 2,
+    "num_experts_per_token": 2,
+    "n_shared_experts": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "first_k_dense_replace": 0,
+    "q_lora_rank": 32,
+    "kv_lora_rank": 32,
+    "qk_nope_head_dim": 16,
+    "qk_rope_head_dim": 16,
+    "v_head_dim": 16,
+    "linear_num_key_heads": 2,
+    "linear_num_value_heads": 2,
+    "linear_key_head_dim": 16,
+    "linear_value_head_dim": 16,
+    "num_attention_groups": 2,
+    "moe_num_experts": 4,
+    "moe_top_k": 2,
+    "share_expert_dim": 32,
+    "sparse_num_index_heads": 4,
+    "index_n_heads": 2,
+    "index_head_dim": 16,
+}
+# Set whether or not the class has them: one MTP layer under each field the drafters count them by, no
+# dense layers before the MoE ones (DeepSeek-style drafters read it without a default).
+ALWAYS = {
+    "num_nextn_predict_layers": 1,
+    "mtp_num_hidden_layers": 1,
+    "first_k_dense_replace": 0,
+}
+# MiMo-V2's MTP layer is a sliding-window attention layer, sized by the swa_* fields (MiMo-V2-Omni's
+# text model is MiMo-V2-Flash's).
+MIMO_V2 = {
+    "layernorm_epsilon": 1e-6,
+    "swa_num_attention_heads": SIZES["num_attention_heads"],
+    "swa_num_key_value_heads": SIZES["num_key_value_heads"],
+    "swa_head_dim": SIZES["head_dim"],
+}
+# Target model types whose config class is remote code (not importable here): the importable class
+# (a vLLM config class's name or a model type) that stands in, registered under the remote model type.
+REMOTE_CONFIG_STAND_INS = {
+    # vLLM's class of Ling V3's text config, which has this model type
+    "bailing_hybrid": "BailingMoeV3TextConfig",
+    # openPangu Ultra MoE is DeepSeek-V3's architecture
+    "pangu_ultra_moe": "deepseek_v3",
+    # Intern-S2-Mobius is a Qwen3.5-MoE whose MTP layer has experts of its own (set below)
+    "interns2_mobius": "qwen3_5_moe",
+}
+# Fields a target needs besides its config class and the sizes: the config class a drafter's target
+# borrows where its own is remote code (MiMo's is Qwen2 with an MTP layer count).
+TARGET_OVERRIDES = {
+    "MiMoMTPModel": {"model_type": "qwen2"},
+    "MiMoV2MTPModel": MIMO_V2,
+    "MiMoV2OmniMTPModel": {"model_type": "mimo_v2_flash", **MIMO_V2},
+    # Ling V3's text config is Bailing's hybrid one (vLLM's class of it stands in for remote code); its
+    # layer types left for the class to derive from the layer count.
+    "BailingMoeV3MTPModel": {"model_type": "bailing_hybrid", "layer_types": None},
+    "BailingMoeV25MTPModel": {"layer_types": None},
+    "InternS2MobiusMTP": {
+        "text_config": {
+            "mtp_num_experts": SIZES["num_experts"],
+            "mtp_num_experts_per_tok": SIZES["num_experts_per_tok"],
+        }
+    },
+    # Its drafter reads the vocabulary size beside the nested text config.
+    "Exaone4_5_MTP": {"vocab_size": SIZES["vocab_size"]},
+    # Its config class has no default layer count; the MTP survey reads it.
+    "DeepSeekV4MTPModel": {"num_hidden_layers": SIZES["num_hidden_layers"]},
+    "LongCatFlashMTPModel": {"mla_scale_q_lora": True, "mla_scale_kv_lora": True},
+    "HYV3MTPModel": {"expert_hidden_dim": SIZES["moe_intermediate_size"], "route_norm": True},
+    # Their MLA is NoPE-only; GLM-5-Next's text config leaves that, mHC's switch, the indexer's RoPE
+    # layout and the router's fields to remote code.
+    "Glm5NextMTPModel": {
+        "text_config": {
+            "mhc": False,
+            "mla_use_nope": True,
+            "indexer_rope_interleave": False,
+            "scoring_func": "sigmoid",
+            "topk_method": "noaux_tc",
+        }
+    },
+    "KimiK3MTPModel": {"text_config": {"mla_use_nope": True}},
+    "InklingMTPModel": {"mtp_config": {"num_nextn_predict_layers": 1}},
+}
+# Prefix caching off from the start: the CPU platform turns it off for MLA models after the hybrid
+# ones (GLM-5-Next, Kimi-K3) sized their mamba blocks for it, which VllmConfig then refuses.
+CACHE_OPTIONS = {"enable_prefix_caching": False}
+# The unquantized MoE backend choice: the CPU platform's only backend refuses some experts (MiniMax-M3's).
+UNQUANTIZED_MOE_CHOICE = (
+    "vllm.model_executor.layers.fused_moe.unquantized_fused_moe_method.select_unquantized_moe_backend"
+)
+# What the header survey reads: one BF16 linear weight under an MTP prefix.
+MTP_TENSOR = "mtp.layers.0.self_attn.o_proj.weight"
+
+
+def _config_class(model_type: str):
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING
+    from vllm.transformers_utils.config import _CONFIG_REGISTRY
+
+    if model_type in REMOTE_CONFIG_STAND_INS:
+        return _stand_in_config_class(model_type)
+    if model_type in _CONFIG_REGISTRY:
+        return _CONFIG_REGISTRY[model_type]
+    return CONFIG_MAPPING[model_type] if model_type in CONFIG_MAPPING else None
+
+
+@functools.cache
+def _stand_in_config_class(model_type: str):
+    """REMOTE_CONFIG_STAND_INS' class for a model type, registered with transformers under it (None
+    where this vLLM or transformers has no such class)."""
+    from transformers import AutoConfig
+    from vllm.transformers_utils import configs
+
+    name = REMOTE_CONFIG_STAND_INS[model_type]
+    base = getattr(configs, name, None) if name[0].isupper() else _config_class(name)
+    if base is None:
+        return None
+    # A class of that model type is registered as it is: a subclass of vLLM's BailingMoeV3TextConfig
+    # loses the fields its __init__ sets.
+    stand_in = base
+    if base.model_type != model_type:
+        stand_in = type(base.__name__, (base,), {"model_type": model_type})
+    AutoConfig.register(model_type, stand_in, exist_ok=True)
+    return stand_in
+
+
+def _architecture_names(model_type: str) -> list[str]:
+    """transformers' model class names for a model_type (causal LM first)."""
+    from transformers.models.auto import modeling_auto
+
+    mappings = (
+        modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    )
+    return [mapping[model_type] for mapping in mappings if model_type in mapping]
+
+
+def _model_type_of(architecture: str) -> str | None:
+    from transformers.models.auto import modeling_auto
+
+    for mapping in (
+        modeling_auto.MODEL_FOR_CAUSAL_LM_MAPPING_NAMES,
+        modeling_auto.MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
+    ):
+        for model_type, name in mapping.items():
+            if name == architecture:
+                return model_type
+    return None
+
+
+def _targets(drafter: Drafter) -> list[tuple[str, str]]:
+    """(model_type, architecture) pairs of the target configs vLLM turns into this drafter: an
+    architecture vLLM's registry serves, with a config class transformers or vLLM has."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    supported = set(ModelRegistry.get_supported_archs())
+    override = TARGET_OVERRIDES.get(drafter.key, {})
+    model_types = [name for name in drafter.targets if _config_class(name) is not None]
+    pairs = []
+    for architecture in (name for name in drafter.targets if name in supported):
+        model_type = (
+            override.get("model_type") or _model_type_of(architecture) or next(iter(model_types), None)
+        )
+        if model_type is not None and _config_class(model_type) is not None:
+            pairs.append((model_type, architecture))
+    for model_type in model_types:
+        lowered = model_type.replace("_", "")
+        candidates = _architecture_names(model_type) + sorted(
+            name for name in supported if name.lower().startswith(lowered + "for")
+        )
+        pairs += [(model_type, name) for name in candidates[:1] if name in supported]
+    if not pairs:
+        raise LookupError(
+            f"no target of {drafter.key} ({', '.join(drafter.targets)}) has a config class in "
+            "transformers or vLLM and an architecture vLLM serves"
+        )
+    return pairs
+
+
+def _shrunk(values: dict) -> dict:
+    """The SIZES a config dict sets (a head_dim if it has heads), its per-layer lists cut to the
+    shrunk layer count, and ALWAYS; nested configs likewise."""
+    # A size the class leaves 0 means the part is absent (GLM-5-Next's DSA layers have no RoPE dims).
+    changes = {name: size for name, size in SIZES.items() if values.get(name, 0) != 0} | ALWAYS
+    if "num_attention_heads" in values:
+        changes["head_dim"] = SIZES["head_dim"]
+    layers = values.get("num_hidden_layers")
+    if isinstance(layers, int) and "num_hidden_layers" in changes:
+        for name, value in values.items():
+            if isinstance(value, list) and len(value) == layers and layers != changes["num_hidden_layers"]:
+                changes[name] = value[: changes["num_hidden_layers"]]
+    for name, value in values.items():
+        if name.endswith("_config") and isinstance(value, dict) and value:
+            changes[name] = {**value, **_shrunk(value)}
+    return changes
+
+
+def _merged(values: dict, overrides: dict) -> dict:
+    """``values`` with ``overrides`` set, a nested config's fields into that config."""
+    merged = dict(values)
+    for name, value in overrides.items():
+        nested = isinstance(value, dict) and isinstance(values.get(name), dict)
+        merged[name] = _merged(values[name], value) if nested else value
+    return merged
+
+
+def target_config(drafter: Drafter, model_type: str, architecture: str) -> dict:
+    defaults = _config_class(model_type)().to_dict()
+    return {
+        **_merged(_shrunk(defaults), TARGET_OVERRIDES.get(drafter.key, {})),
+        "model_type": model_type,
+        "architectures": [architecture],
+        "torch_dtype": "bfloat16",
+    }
+
+
+def _inspect_in_process(*architectures: str) -> None:
+    """vLLM inspects a model class in a subprocess (~20 s each, cold) and reports a class it cannot
+    import as "failed to be inspected"; the probe imports them here (an import error is the row's
+    finding) and registers the classes, which vLLM then inspects in this process."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for architecture in architectures:
+        model_class = ModelRegistry.models[architecture].load_model_cls()
+        # Some platforms serve an architecture with a stand-in that is no module: vLLM handles it.
+        if issubclass(model_class, torch.nn.Module):
+            ModelRegistry.register_model(architecture, model_class)
+
+
+def _mla_wrapper_stand_ins() -> list:
+    """The MLA attention wrapper (mtp_vllm.MLA_ATTENTION_BACKEND: no weight, not built on CPU) stood
+    in wherever a model module imported so far refers to it (DeepSeek's, GLM-5-Next's, openPangu's)."""
+    from vllm.model_executor.layers import mla
+
+    return [
+        mock.patch.object(module, "MultiHeadLatentAttentionWrapper")
+        for name, module in list(sys.modules.items())
+        if name.startswith("vllm.model")
+        and getattr(module, "MultiHeadLatentAttentionWrapper", None) is mla.MultiHeadLatentAttentionWrapper
+    ]
+
+
+def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
+    """The draft of one target built, or why not (the checkpoint's path in the error as <checkpoint>)."""
+    result = {"target": {"model_type": model_type, "architectures": [architecture]}}
+    with tempfile.TemporaryDirectory(prefix="mtpq-drafter-") as checkpoint_dir:
+        directory = Path(checkpoint_dir)
+        try:
+            config = target_config(drafter, model_type, architecture)
+            (directory / "config.json").write_text(
+                json.dumps({**config, "quantization_config": INT8_W8A8_QUANTIZATION_CONFIG})
+            )
+            save_file(
+                {MTP_TENSOR: torch.zeros(16, 16, dtype=torch.bfloat16)}, directory / "model.safetensors"
+            )
+            _inspect_in_process(architecture, drafter.key)
+            stand_ins = [
+                *kernel_choice_stand_ins(),
+                *cuda_stream_stand_ins(),
+                *_mla_wrapper_stand_ins(),
+                mock.patch(UNQUANTIZED_MOE_CHOICE, return_value=(mock.MagicMock(), mock.MagicMock())),
+            ]
+            draft, vllm_config = build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)
+        # Any failure is the row's finding.
+        except Exception as error:  # noqa: BLE001
+            found = failure(error)
+            return {
+                **result,
+                "build": {**found, "error": found["error"].replace(str(directory), "<checkpoint>")},
+            }
+    return {
+        **result,
+        "drafter_class": type(draft).__name__,
+        "draft_quant_decision": draft_quant_decision(vllm_config),
+        "linears": describe_linears(draft),
+    }
+
+
+def run(drafter: Drafter) -> dict:
+    """The first target whose draft builds, else the first target's failure."""
+    try:
+        targets = _targets(drafter)
+    except LookupError as error:
+        return {"config": failure(error)}
+    first = None
+    for model_type, architecture in targets:
+        result = build(drafter, model_type, architecture)
+        if "build" not in result:
+            return result
+        first = first or result
+    return first
+
+
+def probe() -> dict:
+    import vllm
+
+    tree = directory_reader(Path(vllm.__file__).resolve().parents[1])
+    return {drafter.key: run(drafter) for drafter in read_drafters(tree)}

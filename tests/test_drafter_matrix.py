@@ -1,0 +1,172 @@
+"""Every MTP drafter of vLLM's registry, under a quantized target whose MTP layer is BF16 on disk: the
+coverage matrix (mtpq/upstream/drafters.py, `python3 -m mtpq matrix`) and its record.
+
+The drafters come from the session target's registry (read at collection, never listed here), one test
+per drafter and variant with the registry key in its id. The ``drafter_matrix`` section of
+tests/probes/mtp_drafts.py builds each on CPU as the proposer does, from a tiny config of its target
+architecture (compressed-tensors INT8 W8A8); with the series the draft is unquantized, or cannot be
+built on CPU for the reason recorded; stock vLLM builds it quantized (or fails as recorded). The record
+(mtpq/upstream/drafter_matrix.json) is what the README's table is generated from.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, target_version
+from e2e_cases import ARCHITECTURES, QWEN3_5_CANNOT_RUN, QWEN3_5_FAMILIES
+
+from mtpq.apply import gittree
+from mtpq.apply.pin import load_pins
+from mtpq.upstream import drafters
+
+SECTION = "drafter_matrix"
+TARGET = target_version()
+# Each end-to-end architecture (tests/e2e_cases.py) by the target name hf_config_override knows it by.
+E2E_TARGETS = {
+    "mimo": "MiMoForCausalLM",
+    "glm4_moe": "Glm4MoeForCausalLM",
+    "step3p5": "step3p5",
+    "qwen3_5": "qwen3_5",
+    "qwen3_5_moe": "qwen3_5_moe",
+}
+# Drafters another probe section builds under a per-architecture checkpoint and also loads.
+LOADED_BY = {
+    "Glm4MoeLiteMTPModel": "tests/test_mtp_families.py",
+    "DeepseekV32MTPModel": "tests/test_mtp_families.py (GLM-5)",
+    "DeepSeekV4MTPModel": "tests/test_dsv4_bf16_mtp.py (CUDA build stood in)",
+}
+# Drafters that decide their draft's quantization themselves even with the series: vLLM 0.22.1's
+# LongCat-Flash (the v0.22.1 series predates the drafter fixes of the v0.33.0 one).
+BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33.0": []}
+README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
+README_END = "<!-- drafter-matrix:end -->"
+
+
+def _target_drafters() -> list[drafters.Drafter]:
+    pin = load_pins()[TARGET]
+    repo = gittree.open_repo(gittree.pinned_tree(pin))
+    return drafters.read_drafters(drafters.revision_reader(repo, pin.tag))
+
+
+DRAFTERS = {drafter.key: drafter for drafter in _target_drafters()}
+
+
+# The end-to-end architectures this session's CPU engine runs.
+E2E_HERE = [*ARCHITECTURES, *(() if TARGET in QWEN3_5_CANNOT_RUN else QWEN3_5_FAMILIES)]
+
+
+def checked_by(drafter: drafters.Drafter, patched: str) -> str:
+    """What checks a drafter's row beyond its static reading."""
+    if any(E2E_TARGETS[name] in drafter.targets for name in E2E_HERE):
+        return "end to end on the CPU engine (tests/test_e2e_mtp_acceptance.py, tests/test_e2e_qwen3_5.py)"
+    if drafter.key in LOADED_BY:
+        return f"construction + load ({LOADED_BY[drafter.key]})"
+    return "construction" if patched == drafters.UNQUANTIZED else drafters.STATIC_ONLY
+
+
+@pytest.fixture(scope="module")
+def live_rows(mtp_drafts) -> dict[str, dict[str, str]]:
+    """The matrix rows the probe finds now, as the record holds them."""
+    patched, stock = mtp_drafts("patched")[SECTION], mtp_drafts("unpatched")[SECTION]
+    rows = {}
+    for key, drafter in DRAFTERS.items():
+        outcome = drafters.outcome(patched[key])
+        rows[key] = {
+            "patched": outcome,
+            "stock": drafters.outcome(stock[key]),
+            "checked_by": checked_by(drafter, outcome),
+        }
+    return rows
+
+
+@pytest.fixture(scope="module")
+def recorded(live_rows) -> dict[str, dict[str, str]]:
+    record = drafters.load_record().get(TARGET, {})
+    if record != live_rows:
+        # What to commit once the differences below are understood.
+        print(json.dumps({TARGET: live_rows}, indent=1, sort_keys=True))
+    return record
+
+
+def test_the_e2e_targets_are_the_e2e_architectures():
+    assert set(E2E_TARGETS) == {*ARCHITECTURES, *QWEN3_5_FAMILIES}
+
+
+@pytest.mark.parametrize("key", DRAFTERS)
+def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_draft(
+    mtp_drafts, recorded, live_rows, key
+):
+    assert key in recorded, f"{key} is not in the drafter matrix record"
+    run = mtp_drafts("patched")[SECTION][key]
+    assert live_rows[key]["patched"] in (drafters.UNQUANTIZED, recorded[key]["patched"])
+    if live_rows[key]["patched"] == drafters.UNQUANTIZED:
+        assert run["draft_quant_decision"] == "none"
+        assert run["linears"], run
+    else:
+        # Not built on CPU: the reason the matrix records.
+        assert live_rows[key]["patched"].startswith(drafters.NOT_BUILT)
+    assert live_rows[key] == recorded[key]
+
+
+@pytest.mark.parametrize("key", DRAFTERS)
+def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
+    assert key in recorded, f"{key} is not in the drafter matrix record"
+    assert live_rows[key]["stock"] == recorded[key]["stock"]
+
+
+def test_every_drafter_of_a_served_release_is_in_the_matrix(release_pin):
+    """0.32.0: 31 drafters, each with its recorded row; 0.33.0: 33, each through 0.32.0 or static only.
+    Every drafter has a target config vLLM turns into it and a model file; none bypasses the decision
+    with the series."""
+    release_drafters = drafters.release_drafters(release_pin)
+    rows = drafters.matrix_rows(release_pin.version, release_drafters, drafters.load_record())
+    stock = drafters.release_drafters(release_pin, with_series=False)
+    assert [row.drafter.key for row in rows] == [drafter.key for drafter in stock]
+    assert all(drafter.targets and drafter.model_file for drafter in release_drafters)
+    assert [d.key for d in release_drafters if d.quant_source == drafters.OWN_LOGIC] == BYPASSING_WITH_SERIES[
+        release_pin.version
+    ]
+
+
+def test_a_registry_drafter_the_matrix_does_not_cover_fails(tmp_path):
+    pin = load_pins()[TARGET]
+    tree = drafters.revision_reader(gittree.open_repo(gittree.pinned_tree(pin)), pin.tag)
+    registry = tree(drafters.REGISTRY)
+    gained = re.sub(
+        r"(_SPECULATIVE_DECODING_MODELS = \{\n)",
+        r'\1    "FakeNextMTPModel": ("mimo_mtp", "MiMoMTP"),\n',
+        registry,
+    )
+    assert gained != registry
+
+    def read(path: str) -> str | None:
+        return gained if path == drafters.REGISTRY else tree(path)
+
+    with pytest.raises(drafters.MatrixError, match="does not cover: FakeNextMTPModel"):
+        drafters.matrix_rows(TARGET, drafters.read_drafters(read), drafters.load_record())
+
+
+def test_readme_support_table_is_the_generated_one():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
+    assert readme[start:end].strip() == drafters.render_matrix(load_pins(), drafters.load_record()).strip(), (
+        "README.md's drafter matrix is stale: replace it with `python3 -m mtpq matrix`"
+    )
+
+
+def test_matrix_command_prints_the_tables(capsys):
+    from mtpq.command import main
+
+    assert main(["matrix"]) == 0
+    assert capsys.readouterr().out == drafters.render_matrix(load_pins(), drafters.load_record())
+
+
+def test_a_registry_without_the_drafter_dict_is_refused_naming_the_file(tmp_path):
+    (tmp_path / "vllm/model_executor/models").mkdir(parents=True)
+    (tmp_path / drafters.REGISTRY).write_text("MODELS = {}\n")
+    with pytest.raises(drafters.DrafterSourceError, match="registry.py: no _SPECULATIVE_DECODING_MODELS"):
+        drafters.read_drafters(drafters.directory_reader(Path(tmp_path)))
