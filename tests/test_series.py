@@ -97,6 +97,15 @@ def test_damaged_patch_is_reported(own_series, damage, message):
         load_series(own_series)
 
 
+def test_a_folded_author_header_is_one_line(own_series):
+    """git format-patch folds a long From: over two lines; `git am` reads it as one."""
+    patch = _first_patch(own_series)
+    folded = "From: A contributor whose name is long\n <contributor@example.org>"
+    patch.write_text(patch.read_text().replace("From: mtpq developers <dev@mtpq.invalid>", folded, 1))
+    (parsed,) = [entry for entry in load_series(own_series).patches if entry.path == patch]
+    assert parsed.author == "A contributor whose name is long <contributor@example.org>"
+
+
 def test_series_id_flag_prints_the_id_alone(run_apply, series, pin):
     done = run_apply("--series-id", "--vllm", pin.version)
     assert (done.returncode, done.stdout) == (0, f"{series.series_id}\n"), done.stderr

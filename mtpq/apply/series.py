@@ -71,11 +71,12 @@ def parse_patch(path: Path) -> Patch:
     for target, body in zip(sections[1::3], sections[2::3], strict=True):
         hunks[target] += len(_HUNK_HEADER.findall(body))
     files = tuple(hunks)
-    subject = " ".join(headers["Subject"].split())
+    # Long headers are folded over lines (RFC 5322); a name or subject is one line.
+    subject, author = (" ".join(headers[name].split()) for name in ("Subject", "From"))
     return Patch(
         path=path,
         subject=re.sub(r"^\[PATCH[^\]]*\]\s*", "", subject),
-        author=headers["From"],
+        author=author,
         message=message_body,
         dep3=dep3,
         files=files,
