@@ -27,7 +27,7 @@ from header_checkpoints import (
 )
 
 from mtpq.apply.pin import load_pins, newest_pin
-from mtpq.checkpoint import doctor
+from mtpq.checkpoint import doctor, reader
 from mtpq.checkpoint.reader import CheckpointError
 from mtpq.checkpoint.survey import (
     SURVEY_PATH,
@@ -386,6 +386,16 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
     # not run: what it runs is the installed file up to there, character for character.
     assert open(installed.__file__).read().startswith(module_source(survey_patch(pin.series_dir)))
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
+
+
+def test_the_doctor_bounds_headers_as_patched_vllm_does():
+    """The doctor reads headers itself (standard library only), with the limit the newest series'
+    0000 gives vLLM's reader: a header vLLM refuses is a doctor finding, and no more."""
+    from vllm.transformers_utils import utils as vllm_utils
+
+    if not hasattr(vllm_utils, "MAX_SAFETENSORS_HEADER_BYTES"):
+        pytest.skip("this test bed's series reads headers with its own parser, not vLLM's bounded one")
+    assert reader.MAX_HEADER_BYTES == vllm_utils.MAX_SAFETENSORS_HEADER_BYTES
 
 
 def test_the_survey_runs_without_the_regex_package_and_vllm():
