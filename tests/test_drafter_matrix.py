@@ -21,6 +21,7 @@ from e2e_cases import ARCHITECTURES, QWEN3_5_CANNOT_RUN, QWEN3_5_FAMILIES
 
 from mtpq.apply import gittree
 from mtpq.apply.pin import load_pins
+from mtpq.checkpoint import survey
 from mtpq.upstream import drafters
 
 SECTION = "drafter_matrix"
@@ -42,6 +43,11 @@ LOADED_BY = {
 # Drafters that decide their draft's quantization themselves even with the series: vLLM 0.22.1's
 # LongCat-Flash (the v0.22.1 series predates the drafter fixes of the v0.33.0 one).
 BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33.0": []}
+# Whether the series' loader errors name the drafter class and checkpoint (v0.33.0 series' 0004).
+NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
+# Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
+# series' check of every draft parameter would (in their words, without the drafter class).
+OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
 README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
 README_END = "<!-- drafter-matrix:end -->"
 
@@ -70,8 +76,10 @@ def checked_by(drafter: drafters.Drafter, patched: str) -> str:
 
 @pytest.fixture(scope="module")
 def live_rows(mtp_drafts) -> dict[str, dict[str, str]]:
-    """The matrix rows the probe finds now, as the record holds them."""
+    """The matrix rows the probe finds now, as the record holds them. Whether `auto` takes a naming
+    for MTP is the session series' header survey's call."""
     patched, stock = mtp_drafts("patched")[SECTION], mtp_drafts("unpatched")[SECTION]
+    is_mtp_tensor = survey.series_survey(load_pins()[TARGET].series_dir).is_mtp_tensor
     rows = {}
     for key, drafter in DRAFTERS.items():
         outcome = drafters.outcome(patched[key])
@@ -79,7 +87,14 @@ def live_rows(mtp_drafts) -> dict[str, dict[str, str]]:
             "patched": outcome,
             "stock": drafters.outcome(stock[key]),
             "checked_by": checked_by(drafter, outcome),
+            "namings": drafters.naming_outcome(patched[key], is_mtp_tensor),
         }
+        for run, suffix in ((patched[key], ""), (stock[key], "_stock")):
+            rows[key] |= {
+                f"own_scheme{suffix}": drafters.own_scheme_outcome(run),
+                f"missing_tensor{suffix}": drafters.bad_load_outcome(run, "missing"),
+                f"wrong_shape{suffix}": drafters.bad_load_outcome(run, "wrong_shape"),
+            }
     return rows
 
 
@@ -113,9 +128,32 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
 
 
 @pytest.mark.parametrize("key", DRAFTERS)
+def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_rows, key):
+    """Every on-disk naming the drafter's loader accepts is an MTP tensor to the header survey; a
+    checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it, and so is an
+    MTP layer in a scheme of its own that the draft is not built in; or the draft is not built on CPU
+    (the first test's reason)."""
+    row = live_rows[key]
+    if row["patched"].startswith(drafters.NOT_BUILT):
+        assert row["namings"] == row["own_scheme"] == row["missing_tensor"] == row["wrong_shape"] == "—"
+        return
+    named = drafters.DRAFTER_NAMED_ERROR if NAMES_THE_DRAFTER[TARGET] else drafters.NAMED_ERROR
+    # Checkpoints that lack some of the draft's MTP tensors: the own-scheme one holds a single layer's.
+    missing_named = drafters.NAMED_ERROR if key in OWN_MISSING_TENSOR_CHECK else named
+    own_scheme_loads = row["own_scheme"].partition(drafters.FP8_TENSORS_LOAD)[2].strip()
+    assert row["own_scheme"] == drafters.OWN_SCHEME or own_scheme_loads.startswith(missing_named)
+    assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]
+    assert row["missing_tensor"].startswith(missing_named), row["missing_tensor"]
+    assert row["wrong_shape"].startswith(named), row["wrong_shape"]
+
+
+@pytest.mark.parametrize("key", DRAFTERS)
 def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
     assert key in recorded, f"{key} is not in the drafter matrix record"
-    assert live_rows[key]["stock"] == recorded[key]["stock"]
+    stock_columns = ("stock", "own_scheme_stock", "missing_tensor_stock", "wrong_shape_stock")
+    assert {column: live_rows[key][column] for column in stock_columns} == {
+        column: recorded[key].get(column) for column in stock_columns
+    }
 
 
 def test_every_drafter_of_a_served_release_is_in_the_matrix(release_pin):

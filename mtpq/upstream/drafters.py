@@ -332,6 +332,17 @@ UNQUANTIZED = "unquantized"
 QUANTIZED = "quantized"
 NOT_BUILT = "not built"
 STATIC_ONLY = "static only"
+RECOGNISED = "all recognised by `auto`"
+NOT_RECOGNISED = "not recognised by `auto`:"
+DRAFTER_NAMED_ERROR = "error naming the drafter and the tensor"
+NAMED_ERROR = "error naming the tensor"
+UNNAMED_ERROR = "error naming no tensor"
+LOADS_SILENTLY = "loads without error"
+OWN_SCHEME = "own scheme (FP8 block)"
+TARGET_SCHEME = "target's scheme (INT8): the MTP layer's group matches no draft layer"
+FP8_TENSORS_LOAD = "its FP8 tensors:"
+# The record's columns of the naming, loading and own-scheme checks (each "_stock" too but namings).
+LOAD_COLUMNS = ("namings", "own_scheme", "missing_tensor", "wrong_shape")
 _QUANT_SOURCE_WORDS = {
     FROM_VLLM_CONFIG: "`vllm_config.quant_config`",
     FROM_DRAFT_HELPER: "`get_draft_quant_config`",
@@ -358,8 +369,62 @@ def outcome(run: dict) -> str:
     return QUANTIZED if quantized else UNQUANTIZED
 
 
+def naming_outcome(run: dict, is_mtp_tensor: Callable[[str, int], bool]) -> str:
+    """The on-disk MTP namings the drafter's own loader accepts, of those the probe tries (its draft
+    parameter's name under each MTP prefix checkpoints use), and whether ``draft_quant_config="auto"``
+    (``is_mtp_tensor``, the series' header survey) takes each for an MTP tensor."""
+    if "namings" not in run:
+        return "—"
+    accepted = [(root, rest) for naming in run["namings"].values() for root, rest in naming["accepted"]]
+    if not accepted:
+        return "none of the namings tried"
+    roots = ", ".join(f"`{root}*`" for root in sorted({root for root, _ in accepted}))
+    missed = [root + rest for root, rest in accepted if not is_mtp_tensor(root + rest, run["hidden_layers"])]
+    return f"{roots}: " + (f"{NOT_RECOGNISED} {', '.join(missed)}" if missed else RECOGNISED)
+
+
+def _load_outcome(found: dict) -> str:
+    """An error naming the draft parameter or checkpoint tensor at fault (and the drafter class), an
+    error naming none, or no error."""
+    if "error" not in found:
+        return LOADS_SILENTLY
+    named = (
+        (DRAFTER_NAMED_ERROR if found["drafter_named"] else NAMED_ERROR) if found["names"] else UNNAMED_ERROR
+    )
+    return f"{named} ({found['error_type']})"
+
+
+def bad_load_outcome(run: dict, case: str) -> str:
+    """How the draft loads a bad checkpoint (``case``: "missing", one MTP tensor and none of the
+    others; "wrong_shape", that tensor with 16 rows too many)."""
+    found = run.get("bad_loads", {}).get(case)
+    return "—" if found is None else _load_outcome(found)
+
+
+def own_scheme_outcome(run: dict) -> str:
+    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a config group of its own
+    (targets naming the MTP layer as the checkpoint does) beside the target's INT8: which scheme its
+    quantized layers take; where none takes it, how the draft loads the layer's FP8 tensors."""
+    found = run.get("own_scheme")
+    if not found:
+        return "—"
+    if "build" in found:
+        return outcome(found)
+    schemes = list(found["schemes"].values())
+    fp8 = sum("Fp8" in scheme for scheme in schemes)
+    if schemes and fp8 == len(schemes):
+        return OWN_SCHEME
+    if not schemes:
+        built = "unquantized: the MTP layer's scheme is not applied"
+    elif not fp8:
+        built = TARGET_SCHEME
+    else:
+        built = f"{fp8} of {len(schemes)} layers in its own scheme, the rest in the target's"
+    return f"{built}; {FP8_TENSORS_LOAD} {_load_outcome(found['load'])}"
+
+
 def load_record(path: Path = RECORD) -> dict[str, dict[str, dict[str, str]]]:
-    """release -> drafter key -> {"patched", "stock", "checked_by"}."""
+    """release -> drafter key -> {"patched", "stock", "checked_by", and LOAD_COLUMNS'}."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -372,6 +437,14 @@ class Row:
     patched: str
     stock: str
     checked_by: str
+    # LOAD_COLUMNS, with the series and stock; "—" where the draft was not built or is static only.
+    namings: str = "—"
+    own_scheme: str = "—"
+    own_scheme_stock: str = "—"
+    missing_tensor: str = "—"
+    missing_tensor_stock: str = "—"
+    wrong_shape: str = "—"
+    wrong_shape_stock: str = "—"
 
 
 def matrix_rows(release: str, drafters: list[Drafter], record: dict) -> list[Row]:
@@ -395,9 +468,7 @@ def matrix_rows(release: str, drafters: list[Drafter], record: dict) -> list[Row
         if found is None:
             rows.append(Row(drafter, "—", "—", STATIC_ONLY))
         else:
-            rows.append(
-                Row(drafter, found["patched"], found["stock"], f"through {through}: {found['checked_by']}")
-            )
+            rows.append(Row(drafter, **{**found, "checked_by": f"through {through}: {found['checked_by']}"}))
     return rows
 
 
@@ -429,6 +500,31 @@ def markdown_table(rows: list[Row], stock: dict[str, Drafter]) -> str:
             row.patched,
             row.stock,
             row.checked_by,
+        )
+        lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
+    return "\n".join(lines)
+
+
+def loading_table(rows: list[Row]) -> str:
+    """The naming, loading and own-scheme checks of the construction probe, with the series / stock."""
+    lines = [
+        "| drafter | on-disk MTP namings its loader accepts | MTP layer FP8-block in a config group "
+        "of its own, INT8 target: with the series / stock | other MTP tensors missing: with the series "
+        "/ stock | MTP tensor of a wrong shape: with the series / stock |",
+        "|---|---|---|---|---|",
+    ]
+    for row in rows:
+        cells = (
+            f"`{row.drafter.key}`",
+            row.namings,
+            *(
+                value if value == stock else f"{value} / {stock}"
+                for value, stock in (
+                    (row.own_scheme, row.own_scheme_stock),
+                    (row.missing_tensor, row.missing_tensor_stock),
+                    (row.wrong_shape, row.wrong_shape_stock),
+                )
+            ),
         )
         lines.append("| " + " | ".join(_cell(cell) for cell in cells) + " |")
     return "\n".join(lines)
@@ -472,5 +568,8 @@ def render_matrix(pins: dict, record: dict) -> str:
         rows = matrix_rows(pin.version, release_drafters(pin), record)
         stock = {drafter.key: drafter for drafter in release_drafters(pin, with_series=False)}
         heading = f"### MTP drafters of vLLM {pin.version}"
-        sections.append(f"{heading}\n\n{summary(rows, stock)}\n\n{markdown_table(rows, stock)}\n")
+        sections.append(
+            f"{heading}\n\n{summary(rows, stock)}\n\n{markdown_table(rows, stock)}\n\n"
+            f"Naming, loading and an MTP scheme of its own, {pin.version}:\n\n{loading_table(rows)}\n"
+        )
     return "\n".join(sections)

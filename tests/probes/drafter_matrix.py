@@ -20,8 +20,10 @@ the draft cannot be built (``"config"`` instead of ``"build"``: no config of the
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -29,6 +31,7 @@ from unittest import mock
 
 import torch
 from mtp_vllm import (
+    CT_FP8_BLOCK_GROUP,
     INT8_W8A8_QUANTIZATION_CONFIG,
     build_mtp_draft,
     cuda_stream_stand_ins,
@@ -36,6 +39,7 @@ from mtp_vllm import (
     draft_quant_decision,
     failure,
     kernel_choice_stand_ins,
+    load_mtp_draft_weights,
 )
 from safetensors.torch import save_file
 
@@ -152,6 +156,32 @@ UNQUANTIZED_MOE_CHOICE = (
 )
 # What the header survey reads: one BF16 linear weight under an MTP prefix.
 MTP_TENSOR = "mtp.layers.0.self_attn.o_proj.weight"
+# Where checkpoints may put an MTP layer's tensors: each prefix followed by a layer index (0, the
+# target's hidden layer count, or the draft's own index). A decoder-layer prefix under the hidden
+# layer count names the target's own layers, never an MTP one.
+DECODER_LAYER_PREFIXES = ("model.layers.", "model.language_model.layers.", "language_model.model.layers.")
+MTP_LAYER_PREFIXES = (
+    "mtp.layers.",
+    "mtp.",
+    "model.mtp.layers.",
+    "model.mtp.",
+    "model.mtp_layers.",
+    "mtp_layers.",
+)
+# Draft parameters whose naming is tried: one of the MTP block (attention output, else MLP output)
+# and one of its glue (the projection of the concatenated embedding and hidden state).
+NAMED_PARAMETERS = {
+    "block": (".o_proj.weight", ".down_proj.weight"),
+    "glue": (".eh_proj.weight", ".fc.weight", ".input_proj.weight"),
+}
+# The MTP layer in a scheme of its own: compressed-tensors FP8 blocks (as official FP8 releases store
+# MTP) beside the target's INT8, its targets naming the MTP layer as the checkpoint does. Blocks of 16
+# divide every width of the tiny configs.
+FP8_BLOCK_16 = {
+    **CT_FP8_BLOCK_GROUP,
+    "weights": {**CT_FP8_BLOCK_GROUP["weights"], "block_structure": [16, 16]},
+    "input_activations": {**CT_FP8_BLOCK_GROUP["input_activations"], "group_size": 16},
+}
 
 
 def _config_class(model_type: str):
@@ -301,40 +331,192 @@ def _mla_wrapper_stand_ins() -> list:
     ]
 
 
+def _naming_candidates(parameter: str, hidden_layers: int) -> list[tuple[str, str]]:
+    """(root, rest) pairs: on-disk names ``root + rest`` a draft parameter could be stored under. The
+    rest is what follows the draft's layer root (or its first component), with or without the wrapper
+    component the draft may add (DeepSeek-style drafters' ``mtp_block``)."""
+    found = re.match(r"(.*?(?:layers|mtp_layers)\.([0-9]+)\.)(.*)", parameter)
+    draft_index = int(found[2]) if found else 0
+    rest = found[3] if found else parameter.partition(".")[2]
+    rests = [rest] + ([rest.partition(".")[2]] if rest.count(".") >= 2 else [])
+    indices = sorted({0, hidden_layers, draft_index})
+    roots = [
+        f"{prefix}{index}."
+        for prefix in DECODER_LAYER_PREFIXES
+        for index in indices
+        if index >= hidden_layers
+    ]
+    roots += [f"{prefix}{index}." for prefix in MTP_LAYER_PREFIXES for index in indices]
+    roots += [prefix for prefix in MTP_LAYER_PREFIXES if not prefix.endswith("layers.")]
+    return [(root, rest) for root in roots for rest in rests]
+
+
+def accepted_namings(draft: torch.nn.Module, hidden_layers: int) -> dict[str, list[list[str]]]:
+    """Per named parameter (NAMED_PARAMETERS), the [root, rest] candidates the draft's own
+    load_weights stores into it: the parameter takes the tensor's values (whatever the loader raises
+    afterwards, as MTP loaders that check their layer got every weight do)."""
+    parameters = dict(draft.named_parameters())
+    namings = {}
+    for role, endings in NAMED_PARAMETERS.items():
+        name = next((n for ending in endings for n in parameters if n.endswith(ending)), None)
+        if name is None:
+            continue
+        parameter = parameters[name]
+        accepted = []
+        for root, rest in _naming_candidates(name, hidden_layers):
+            parameter.data.zero_()
+            # A name the loader cannot map raises (KeyError) or is skipped: either way not accepted.
+            with contextlib.suppress(Exception):
+                draft.load_weights(iter([(root + rest, torch.ones(parameter.shape, dtype=torch.bfloat16))]))
+            if bool((parameter.data == 1).all()):
+                accepted.append([root, rest])
+        namings[role] = {"parameter": name, "shape": list(parameter.shape), "accepted": accepted}
+    return namings
+
+
+def _failure_in(directory: Path, error: Exception) -> dict:
+    """A failure as the row records it, the checkpoint's path written <checkpoint>."""
+    found = failure(error)
+    return {**found, "error": found["error"].replace(str(directory), "<checkpoint>")}
+
+
+def _write_checkpoint(directory: Path, config: dict, quantization_config: dict, tensors: dict) -> None:
+    (directory / "config.json").write_text(json.dumps({**config, "quantization_config": quantization_config}))
+    save_file(tensors, directory / "model.safetensors")
+
+
+def _loaded(draft, vllm_config, directory: Path, tensors: dict) -> dict:
+    """The draft loaded from a checkpoint holding ``tensors`` as the engine loads it: ``{"unloaded":
+    parameters its loader did not report}``, or the loader's error with the draft parameters and
+    checkpoint tensors it names, and whether it names the drafter class."""
+    save_file(tensors, directory / "model.safetensors")
+    parameters = {name for name, _ in draft.named_parameters()}
+    try:
+        loaded = load_mtp_draft_weights(draft, vllm_config)
+    except Exception as error:  # noqa: BLE001
+        found = _failure_in(directory, error)
+        return {
+            **found,
+            "names": sorted(name for name in parameters | tensors.keys() if name in found["error"]),
+            "drafter_named": type(draft).__name__ in found["error"],
+        }
+    return {"unloaded": len(parameters - loaded)}
+
+
+def bad_loads(draft, vllm_config, directory: Path, namings: dict) -> dict:
+    """Two checkpoints the draft must refuse, naming the tensor: its block parameter's tensor alone
+    (every other draft parameter missing), and that tensor 16 rows too many."""
+    block = namings.get("block")
+    if not block or not block["accepted"]:
+        return {}
+    name = "".join(block["accepted"][0])
+    rows, *rest = block["shape"]
+    return {
+        "tensor": name,
+        "missing": _loaded(
+            draft, vllm_config, directory, {name: torch.ones(rows, *rest, dtype=torch.bfloat16)}
+        ),
+        "wrong_shape": _loaded(
+            draft, vllm_config, directory, {name: torch.ones(rows + 16, *rest, dtype=torch.bfloat16)}
+        ),
+    }
+
+
+def own_scheme_quantization(mtp_roots: list[str]) -> dict:
+    """The target's INT8 W8A8 with an FP8-block group of its own for the MTP layer, which the group's
+    targets name as the checkpoint does (a name match wins over the INT8 group's class match)."""
+    int8 = INT8_W8A8_QUANTIZATION_CONFIG
+    return {
+        **int8,
+        "format": "mixed-precision",
+        "config_groups": {
+            "group_0": {**int8["config_groups"]["group_0"], "format": int8["format"]},
+            "mtp": {**FP8_BLOCK_16, "targets": [f"re:^{re.escape(root)}" for root in mtp_roots]},
+        },
+    }
+
+
+def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
+    """The compressed-tensors scheme of every linear that has one, and the MoE layers' quant methods."""
+    return {
+        name: type(getattr(module, "scheme", None) or module.quant_method).__name__
+        for name, module in draft.named_modules()
+        if getattr(module, "scheme", None) is not None
+        or "MoEMethod" in type(getattr(module, "quant_method", None)).__name__
+    }
+
+
+def _build(drafter: Drafter, directory: Path, architecture: str):
+    _inspect_in_process(architecture, drafter.key)
+    stand_ins = [
+        *kernel_choice_stand_ins(),
+        *cuda_stream_stand_ins(),
+        *_mla_wrapper_stand_ins(),
+        mock.patch(UNQUANTIZED_MOE_CHOICE, return_value=(mock.MagicMock(), mock.MagicMock())),
+    ]
+    return build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)
+
+
+def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
+    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (its
+    roots as the checkpoint names them: the block's and the glue's, Qwen3.5's "mtp."), and how it
+    loads that layer's FP8 weight and block scales for its block parameter."""
+    roots = sorted({naming["accepted"][0][0] for naming in namings.values() if naming["accepted"]})
+    block = namings.get("block", {})
+    if not roots or not block.get("accepted"):
+        return {}
+    quantization = own_scheme_quantization(roots)
+    weight = "".join(block["accepted"][0])
+    rows, columns = block["shape"]
+    fp8_tensors = {
+        weight: torch.zeros(rows, columns).to(torch.float8_e4m3fn),
+        weight.removesuffix("weight") + "weight_scale": torch.ones(-(-rows // 16), -(-columns // 16)),
+    }
+    with tempfile.TemporaryDirectory(prefix="mtpq-drafter-") as checkpoint_dir:
+        directory = Path(checkpoint_dir)
+        _write_checkpoint(directory, config, quantization, fp8_tensors)
+        try:
+            draft, vllm_config = _build(drafter, directory, architecture)
+        except Exception as error:  # noqa: BLE001
+            return {"build": _failure_in(directory, error)}
+        return {
+            "targets": quantization["config_groups"]["mtp"]["targets"],
+            "draft_quant_decision": draft_quant_decision(vllm_config),
+            "schemes": describe_schemes(draft),
+            "load": _loaded(draft, vllm_config, directory, fp8_tensors),
+        }
+
+
 def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
-    """The draft of one target built, or why not (the checkpoint's path in the error as <checkpoint>)."""
+    """The draft of one target built, or why not (the checkpoint's path in the error as <checkpoint>);
+    the namings its loader accepts, how it loads bad checkpoints, and its build under an MTP scheme of
+    its own."""
     result = {"target": {"model_type": model_type, "architectures": [architecture]}}
     with tempfile.TemporaryDirectory(prefix="mtpq-drafter-") as checkpoint_dir:
         directory = Path(checkpoint_dir)
         try:
             config = target_config(drafter, model_type, architecture)
-            (directory / "config.json").write_text(
-                json.dumps({**config, "quantization_config": INT8_W8A8_QUANTIZATION_CONFIG})
+            _write_checkpoint(
+                directory,
+                config,
+                INT8_W8A8_QUANTIZATION_CONFIG,
+                {MTP_TENSOR: torch.zeros(16, 16, dtype=torch.bfloat16)},
             )
-            save_file(
-                {MTP_TENSOR: torch.zeros(16, 16, dtype=torch.bfloat16)}, directory / "model.safetensors"
-            )
-            _inspect_in_process(architecture, drafter.key)
-            stand_ins = [
-                *kernel_choice_stand_ins(),
-                *cuda_stream_stand_ins(),
-                *_mla_wrapper_stand_ins(),
-                mock.patch(UNQUANTIZED_MOE_CHOICE, return_value=(mock.MagicMock(), mock.MagicMock())),
-            ]
-            draft, vllm_config = build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)
+            draft, vllm_config = _build(drafter, directory, architecture)
         # Any failure is the row's finding.
         except Exception as error:  # noqa: BLE001
-            found = failure(error)
-            return {
-                **result,
-                "build": {**found, "error": found["error"].replace(str(directory), "<checkpoint>")},
-            }
-    return {
-        **result,
-        "drafter_class": type(draft).__name__,
-        "draft_quant_decision": draft_quant_decision(vllm_config),
-        "linears": describe_linears(draft),
-    }
+            return {**result, "build": _failure_in(directory, error)}
+        hidden_layers = vllm_config.model_config.hf_text_config.num_hidden_layers
+        result |= {
+            "drafter_class": type(draft).__name__,
+            "draft_quant_decision": draft_quant_decision(vllm_config),
+            "linears": describe_linears(draft),
+            "hidden_layers": hidden_layers,
+            "namings": accepted_namings(draft, hidden_layers),
+        }
+        result["bad_loads"] = bad_loads(draft, vllm_config, directory, result["namings"])
+    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"])
+    return result
 
 
 def run(drafter: Drafter) -> dict:
