@@ -13,9 +13,15 @@ what holds no weight and is bound to CUDA or refused by the CPU platform is stoo
 unquantized MoE backend choices (mtp_vllm.kernel_choice_stand_ins, UNQUANTIZED_MOE_CHOICE), CUDA
 streams, and the multi-head latent attention wrapper (the CPU platform refuses MLA, sparse MLA on 0.32).
 
+Each built draft is then probed further: the on-disk namings of its MTP layer its own loader
+accepts (``namings``), how vLLM's loader takes a checkpoint holding one MTP tensor, and that tensor
+of a wrong shape (``bad_loads``), and the draft of a checkpoint whose MTP layer is FP8-block
+quantized under a config group of its own (``own_scheme``).
+
 Result: ``{drafter key: {"target": {"model_type", "architectures"}, "draft_quant_decision": ...,
-"linears": {module: quant method}}}``, or ``{"target": ..., "build": {"error_type", "error"}}`` when
-the draft cannot be built (``"config"`` instead of ``"build"``: no config of the target could be made).
+"linears": {module: quant method}, "hidden_layers", "namings", "bad_loads", "own_scheme"}}``, or
+``{"target": ..., "build": {"error_type", "error"}}`` when the draft cannot be built (``"config"``
+instead of ``"build"``: no config of the target could be made).
 """
 
 from __future__ import annotations
