@@ -324,13 +324,14 @@ def _inspect_in_process(*architectures: str) -> None:
             ModelRegistry.register_model(architecture, model_class)
 
 
-def _mla_wrapper_stand_ins() -> list:
+def _mla_wrapper_stand_ins(stand_in: mock.MagicMock) -> list:
     """The MLA attention wrapper (mtp_vllm.MLA_ATTENTION_BACKEND: no weight, not built on CPU) stood
-    in wherever a model module imported so far refers to it (DeepSeek's, GLM-5-Next's, openPangu's)."""
+    in by ``stand_in`` wherever a model module imported so far refers to it (DeepSeek's, GLM-5-Next's,
+    openPangu's)."""
     from vllm.model_executor.layers import mla
 
     return [
-        mock.patch.object(module, "MultiHeadLatentAttentionWrapper")
+        mock.patch.object(module, "MultiHeadLatentAttentionWrapper", stand_in)
         for name, module in list(sys.modules.items())
         if name.startswith("vllm.model")
         and getattr(module, "MultiHeadLatentAttentionWrapper", None) is mla.MultiHeadLatentAttentionWrapper
@@ -453,14 +454,18 @@ def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
 
 
 def _build(drafter: Drafter, directory: Path, architecture: str):
+    """(draft, vllm_config, whether its attention is multi-head latent attention, which the CPU
+    platform does not run: its wrapper stood in)."""
     _inspect_in_process(architecture, drafter.key)
+    mla_wrapper = mock.MagicMock()
     stand_ins = [
         *kernel_choice_stand_ins(),
         *cuda_stream_stand_ins(),
-        *_mla_wrapper_stand_ins(),
+        *_mla_wrapper_stand_ins(mla_wrapper),
         mock.patch(UNQUANTIZED_MOE_CHOICE, return_value=(mock.MagicMock(), mock.MagicMock())),
     ]
-    return build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)
+    draft, vllm_config = build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)
+    return draft, vllm_config, mla_wrapper.called
 
 
 def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
@@ -482,7 +487,7 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
         directory = Path(checkpoint_dir)
         _write_checkpoint(directory, config, quantization, fp8_tensors)
         try:
-            draft, vllm_config = _build(drafter, directory, architecture)
+            draft, vllm_config, _ = _build(drafter, directory, architecture)
         except Exception as error:  # noqa: BLE001
             return {"build": _failure_in(directory, error)}
         return {
@@ -508,7 +513,7 @@ def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
                 INT8_W8A8_QUANTIZATION_CONFIG,
                 {MTP_TENSOR: torch.zeros(16, 16, dtype=torch.bfloat16)},
             )
-            draft, vllm_config = _build(drafter, directory, architecture)
+            draft, vllm_config, mla = _build(drafter, directory, architecture)
         # Any failure is the row's finding.
         except Exception as error:  # noqa: BLE001
             return {**result, "build": _failure_in(directory, error)}
@@ -518,6 +523,7 @@ def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
             "draft_quant_decision": draft_quant_decision(vllm_config),
             "linears": describe_linears(draft),
             "hidden_layers": hidden_layers,
+            "mla": mla,
             "namings": accepted_namings(draft, hidden_layers),
         }
         result["bad_loads"] = bad_loads(draft, vllm_config, directory, result["namings"])
