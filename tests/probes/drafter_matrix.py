@@ -46,6 +46,7 @@ from mtp_vllm import (
     failure,
     kernel_choice_stand_ins,
     load_mtp_draft_weights,
+    mla_wrapper_stand_ins,
 )
 from safetensors.torch import save_file
 
@@ -324,20 +325,6 @@ def _inspect_in_process(*architectures: str) -> None:
             ModelRegistry.register_model(architecture, model_class)
 
 
-def _mla_wrapper_stand_ins(stand_in: mock.MagicMock) -> list:
-    """The MLA attention wrapper (mtp_vllm.MLA_ATTENTION_BACKEND: no weight, not built on CPU) stood
-    in by ``stand_in`` wherever a model module imported so far refers to it (DeepSeek's, GLM-5-Next's,
-    openPangu's)."""
-    from vllm.model_executor.layers import mla
-
-    return [
-        mock.patch.object(module, "MultiHeadLatentAttentionWrapper", stand_in)
-        for name, module in list(sys.modules.items())
-        if name.startswith("vllm.model")
-        and getattr(module, "MultiHeadLatentAttentionWrapper", None) is mla.MultiHeadLatentAttentionWrapper
-    ]
-
-
 def _naming_candidates(parameter: str, hidden_layers: int) -> list[tuple[str, str]]:
     """(root, rest) pairs: on-disk names ``root + rest`` a draft parameter could be stored under. The
     rest is what follows the draft's layer root (or its first component), with or without the wrapper
@@ -461,7 +448,7 @@ def _build(drafter: Drafter, directory: Path, architecture: str):
     stand_ins = [
         *kernel_choice_stand_ins(),
         *cuda_stream_stand_ins(),
-        *_mla_wrapper_stand_ins(mla_wrapper),
+        *mla_wrapper_stand_ins(mla_wrapper),
         mock.patch(UNQUANTIZED_MOE_CHOICE, return_value=(mock.MagicMock(), mock.MagicMock())),
     ]
     draft, vllm_config = build_mtp_draft(directory, stand_ins, cache_options=CACHE_OPTIONS)

@@ -19,18 +19,17 @@ import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from unittest import mock
 
 import torch
 from mtp_vllm import (
     CT_FP8_BLOCK_GROUP,
     INT8_W8A8_QUANTIZATION_CONFIG,
-    MLA_ATTENTION_BACKEND,
     build_mtp_draft,
     deepseek_v4_stand_ins,
     describe_linears,
     draft_quant_decision,
     failure,
+    mla_wrapper_stand_ins,
 )
 from safetensors.torch import save_file
 
@@ -67,10 +66,6 @@ def _experts(prefix: str, count: int, *weights: str) -> tuple[str, ...]:
 
 
 MLP = ("gate_proj", "up_proj", "down_proj")
-
-
-def _mla_attention_backend() -> list:
-    return [mock.patch(MLA_ATTENTION_BACKEND)]
 
 
 # MTP drafters that cannot run end to end on CPU (Qwen3.5, GLM-4.x and GLM-5 are in mtp_families).
@@ -178,7 +173,7 @@ ARCHITECTURES = {
             "model.layers.1.shared_head.head",
             *_experts("model.layers.1.mlp.experts", 2, *MLP),
         ),
-        stand_ins=_mla_attention_backend,
+        stand_ins=mla_wrapper_stand_ins,
     ),
     "qwen3_next": Architecture(
         hf_config={

@@ -28,10 +28,9 @@ import json
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from unittest import mock
 
 import torch
-from mtp_vllm import MLA_ATTENTION_BACKEND, build_and_load, failure, kernel_choice_stand_ins
+from mtp_vllm import build_and_load, failure, kernel_choice_stand_ins, mla_wrapper_stand_ins
 from safetensors.torch import save_file
 
 HIDDEN = 128  # a multiple of every format's group or block (NVFP4 16, INT4 128, FP8 128x128)
@@ -91,8 +90,8 @@ class Family:
     formats: tuple[str, ...]
     # Stored float32 (routers' score-correction biases, indexer norms), as releases do.
     float32_tensors: tuple[str, ...] = ()
-    # CUDA-bound pieces besides the kernel choices, replaced while the draft is built (dotted paths).
-    stand_ins: tuple[str, ...] = ()
+    # Multi-head latent attention, whose wrapper is stood in while the draft is built (CPU refuses it).
+    mla: bool = False
 
 
 QWEN3_5_MTP = "mtp.layers.0"
@@ -275,7 +274,7 @@ GLM4_MOE_LITE = Family(
     },
     float32_tensors=("e_score_correction_bias",),
     formats=("fp8_block", "modelopt_nvfp4", "ct_nvfp4"),
-    stand_ins=(MLA_ATTENTION_BACKEND,),
+    mla=True,
 )
 
 GLM5_MTP = "model.layers.1"
@@ -319,7 +318,7 @@ GLM5 = Family(
     },
     float32_tensors=("indexer.k_norm",),
     formats=("fp8_block", "modelopt_nvfp4", "ct_nvfp4"),
-    stand_ins=(MLA_ATTENTION_BACKEND,),
+    mla=True,
 )
 
 FAMILIES = {"qwen3_5": QWEN3_5, "glm4_moe": GLM4_MOE, "glm4_moe_lite": GLM4_MOE_LITE, "glm5": GLM5}
@@ -419,7 +418,7 @@ def run(family: Family, quantization_format: str, generator) -> dict:
         return {"build": failure(error)}
 
     def stand_ins():
-        return [*kernel_choice_stand_ins(), *(mock.patch(path) for path in family.stand_ins)]
+        return [*kernel_choice_stand_ins(), *(mla_wrapper_stand_ins() if family.mla else [])]
 
     with tempfile.TemporaryDirectory(prefix="mtpq-family-") as checkpoint_dir:
         write_checkpoint(Path(checkpoint_dir), family, quantization_format, generator)

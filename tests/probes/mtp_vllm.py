@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import socket
+import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from unittest import mock
@@ -88,9 +89,21 @@ MOE_KERNEL_CHOICES = (
 )
 
 
-# DeepSeek's multi-head latent attention backend (not supported on the CPU platform) holds no weight:
-# standing it in still builds every linear of an MLA layer (DeepSeek-V3, GLM-4.7-Flash, GLM-5).
-MLA_ATTENTION_BACKEND = "vllm.model_executor.models.deepseek_v2.MultiHeadLatentAttentionWrapper"
+def mla_wrapper_stand_ins(stand_in: mock.MagicMock | None = None) -> list[contextlib.AbstractContextManager]:
+    """Multi-head latent attention's wrapper (the CPU platform refuses MLA; the wrapper holds no weight,
+    so standing it in still builds every linear of an MLA layer) stood in by ``stand_in`` (a fresh mock
+    by default) wherever a model module imported so far refers to it: DeepSeek-V2's, which the
+    DeepSeek-style MTP drafters import, and any other (GLM-5-Next's, openPangu's, ...)."""
+    importlib.import_module("vllm.model_executor.models.deepseek_v2")
+    from vllm.model_executor.layers import mla
+
+    stand_in = stand_in or mock.MagicMock()
+    return [
+        mock.patch.object(module, "MultiHeadLatentAttentionWrapper", stand_in)
+        for name, module in list(sys.modules.items())
+        if name.startswith("vllm.model")
+        and getattr(module, "MultiHeadLatentAttentionWrapper", None) is mla.MultiHeadLatentAttentionWrapper
+    ]
 
 
 def _resolves(dotted: str) -> bool:
