@@ -225,3 +225,35 @@ def test_a_registry_without_the_drafter_dict_is_refused_naming_the_file(tmp_path
     (tmp_path / drafters.REGISTRY).write_text("MODELS = {}\n")
     with pytest.raises(drafters.DrafterSourceError, match="registry.py: no _SPECULATIVE_DECODING_MODELS"):
         drafters.read_drafters(drafters.directory_reader(Path(tmp_path)))
+
+
+def test_a_loader_naming_auto_does_not_take_for_mtp_is_reported():
+    """A drafter whose loader accepted a decoder-layer naming the header survey does not know (here
+    `model.decoder.layers.{N}.`) gets a row saying so, which the per-drafter test refuses."""
+    run = {
+        "hidden_layers": 2,
+        "namings": {
+            "block": {"accepted": [["model.decoder.layers.2.", "self_attn.o_proj.weight"]]},
+            "glue": {"accepted": [["mtp.", "fc.weight"]]},
+        },
+    }
+    is_mtp_tensor = survey.series_survey(load_pins()[TARGET].series_dir).is_mtp_tensor
+    missed = "model.decoder.layers.2.self_attn.o_proj.weight"
+    assert drafters.naming_outcome(run, is_mtp_tensor) == (
+        f"`model.decoder.layers.2.*`, `mtp.*`: {drafters.NOT_RECOGNISED} {missed}"
+    )
+
+
+def test_own_scheme_rows_tell_apart_own_target_and_mixed_schemes():
+    fp8, int8 = "CompressedTensorsW8A8Fp8", "CompressedTensorsW8A8Int8"
+    silent = {"unloaded": 3}
+
+    def row(*schemes: str) -> str:
+        found = {"schemes": {f"layer{i}": scheme for i, scheme in enumerate(schemes)}, "load": silent}
+        return drafters.own_scheme_outcome({"own_scheme": found})
+
+    assert row(fp8, fp8) == drafters.OWN_SCHEME
+    assert (
+        row(int8, int8) == f"{drafters.TARGET_SCHEME}; {drafters.FP8_TENSORS_LOAD} {drafters.LOADS_SILENTLY}"
+    )
+    assert row(fp8, int8).startswith("1 of 2 layers in its own scheme")
