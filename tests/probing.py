@@ -20,7 +20,7 @@ VARIANTS = ("unpatched", "patched")
 
 # What the v0.33.0 series' loader errors for an MTP draft start with (patch 0004): the drafter class
 # and the checkpoint; the v0.22.1 series' do not.
-_MTP_DRAFT_NAME = re.compile(r"\w+ \(MTP draft of [^)]*\): ")
+_MTP_DRAFT_NAME = re.compile(r"^\w+ \(MTP draft of [^)]*\): ")
 
 
 class ProbeError(RuntimeError):
@@ -29,7 +29,7 @@ class ProbeError(RuntimeError):
 
 def without_mtp_draft_name(error: str) -> str:
     """A draft loading error without its leading "<drafter> (MTP draft of <checkpoint>): "."""
-    return _MTP_DRAFT_NAME.sub("", error, count=1) if _MTP_DRAFT_NAME.match(error) else error
+    return _MTP_DRAFT_NAME.sub("", error, count=1)
 
 
 def run_probe(name: str, variant: str, unpatched_vllm: Path, patched_vllm: Path, *args: str) -> dict:

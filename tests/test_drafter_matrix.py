@@ -92,11 +92,16 @@ def checked_by(drafter: drafters.Drafter, patched: str, run: dict) -> str:
 
 
 @pytest.fixture(scope="module")
-def live_rows(mtp_drafts) -> dict[str, dict[str, str]]:
+def is_mtp_tensor():
+    """The session series' header survey's call on a tensor name (what `auto` decides with)."""
+    return survey.series_survey(load_pins()[TARGET].series_dir).is_mtp_tensor
+
+
+@pytest.fixture(scope="module")
+def live_rows(mtp_drafts, is_mtp_tensor) -> dict[str, dict[str, str]]:
     """The matrix rows the probe finds now, as the record holds them. Whether `auto` takes a naming
     for MTP is the session series' header survey's call."""
     patched, stock = mtp_drafts("patched")[SECTION], mtp_drafts("unpatched")[SECTION]
-    is_mtp_tensor = survey.series_survey(load_pins()[TARGET].series_dir).is_mtp_tensor
     rows = {}
     for key, drafter in DRAFTERS.items():
         outcome = drafters.outcome(patched[key])
@@ -227,7 +232,7 @@ def test_a_registry_without_the_drafter_dict_is_refused_naming_the_file(tmp_path
         drafters.read_drafters(drafters.directory_reader(Path(tmp_path)))
 
 
-def test_a_loader_naming_auto_does_not_take_for_mtp_is_reported():
+def test_a_loader_naming_auto_does_not_take_for_mtp_is_reported(is_mtp_tensor):
     """A drafter whose loader accepted a decoder-layer naming the header survey does not know (here
     `model.decoder.layers.{N}.`) gets a row saying so, which the per-drafter test refuses."""
     run = {
@@ -237,7 +242,6 @@ def test_a_loader_naming_auto_does_not_take_for_mtp_is_reported():
             "glue": {"accepted": [["mtp.", "fc.weight"]]},
         },
     }
-    is_mtp_tensor = survey.series_survey(load_pins()[TARGET].series_dir).is_mtp_tensor
     missed = "model.decoder.layers.2.self_attn.o_proj.weight"
     assert drafters.naming_outcome(run, is_mtp_tensor) == (
         f"`model.decoder.layers.2.*`, `mtp.*`: {drafters.NOT_RECOGNISED} {missed}"

@@ -341,8 +341,6 @@ LOADS_SILENTLY = "loads without error"
 OWN_SCHEME = "own scheme (FP8 block)"
 TARGET_SCHEME = "target's scheme (INT8): the MTP layer's group matches no draft layer"
 FP8_TENSORS_LOAD = "its FP8 tensors:"
-# The record's columns of the naming, loading and own-scheme checks (each "_stock" too but namings).
-LOAD_COLUMNS = ("namings", "own_scheme", "missing_tensor", "wrong_shape")
 _QUANT_SOURCE_WORDS = {
     FROM_VLLM_CONFIG: "`vllm_config.quant_config`",
     FROM_DRAFT_HELPER: "`get_draft_quant_config`",
@@ -424,7 +422,7 @@ def own_scheme_outcome(run: dict) -> str:
 
 
 def load_record(path: Path = RECORD) -> dict[str, dict[str, dict[str, str]]]:
-    """release -> drafter key -> {"patched", "stock", "checked_by", and LOAD_COLUMNS'}."""
+    """release -> drafter key -> Row's fields but the drafter."""
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
@@ -437,7 +435,8 @@ class Row:
     patched: str
     stock: str
     checked_by: str
-    # LOAD_COLUMNS, with the series and stock; "—" where the draft was not built or is static only.
+    # The naming, loading and own-scheme checks (with the series, and stock: "_stock"); "—" where
+    # the draft was not built or is static only.
     namings: str = "—"
     own_scheme: str = "—"
     own_scheme_stock: str = "—"
