@@ -3,3 +3,5 @@
 By concern: apply/ applies the series to vLLM (apply.py), checkpoint/ holds the checkpoint tools
 (doctor, graft), upstream/ the upstream tools; command.py is the `mtpq` command line over the last two.
 """
+
+__version__ = "0.21.0"  # pyproject.toml reads it

@@ -1,4 +1,8 @@
-"""Command line of `python -m mtpq`: doctor, graft, matrix and upstream."""
+"""mtpq: MTP speculative decoding on quantized checkpoints with vLLM. Before renting a GPU, `doctor`
+tells whether vLLM (stock, or with the mtpq patch series) serves a checkpoint's MTP layers, from its
+config and safetensors headers alone; `graft` gives a quantized checkpoint back the MTP layers its
+quantizer dropped; `matrix` prints the supported MTP drafters; `upstream` prepares the series as
+vLLM pull requests. apply.py applies the series to vLLM."""
 
 from __future__ import annotations
 
@@ -7,6 +11,7 @@ import json
 import sys
 from pathlib import Path
 
+from mtpq import __version__, output
 from mtpq.apply import installed
 from mtpq.apply.gittree import TreeError
 from mtpq.apply.pin import PinError, load_pins, newest_pin, pin_for
@@ -24,6 +29,7 @@ EXIT_BAD_INPUT = 2
 
 def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
     doctor = commands.add_parser(
         "doctor",
@@ -57,9 +63,13 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         "graft",
         help="add a BF16 release's MTP tensors and config fields to a quantized checkpoint",
         description=(
-            "Write NEW_CKPT: QUANT_CKPT (hard-linked where unchanged) plus the MTP tensors of the BF16 "
-            "release (copied tensor by tensor into model_mtp.safetensors), an index mapping every tensor, "
-            "and the MTP config fields. Inputs are never modified; NEW_CKPT appears only complete."
+            "Write NEW_CKPT: QUANT_CKPT's files plus the MTP tensors of the BF16 release (copied tensor by "
+            "tensor into model_mtp.safetensors), an index mapping every tensor, and the MTP config fields. "
+            "QUANT_CKPT's unchanged files are hard-linked, not copied, unless --copy: they share their "
+            "data, so editing one in place changes QUANT_CKPT too. Inputs are never modified; NEW_CKPT "
+            "appears only complete. The last line says what vLLM still needs to serve its MTP layers. "
+            "Exit code: 0 written, 1 written but --stock-vllm's release cannot serve it, 2 bad input "
+            "(nothing written)."
         ),
     )
     grafting.add_argument(
@@ -69,8 +79,19 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         help="the BF16 release: a local directory, or a Hub repository (ORG/NAME[@REVISION] or its URL) "
         "of which only the MTP tensors' bytes are fetched",
     )
-    grafting.add_argument("quantized", type=Path, metavar="QUANT_CKPT")
-    grafting.add_argument("--out", type=Path, required=True, metavar="NEW_CKPT")
+    grafting.add_argument(
+        "quantized",
+        type=Path,
+        metavar="QUANT_CKPT",
+        help="the quantized checkpoint directory whose quantizer dropped the MTP layers (read only)",
+    )
+    grafting.add_argument(
+        "--out",
+        type=Path,
+        required=True,
+        metavar="NEW_CKPT",
+        help="the new checkpoint directory (its missing parents are created; --force replaces one)",
+    )
     grafting.add_argument(
         "--stock-vllm",
         metavar="VERSION",
@@ -78,6 +99,12 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         "that alone makes it work (exit 1 where it cannot; the checkpoint is still written)",
     )
     grafting.add_argument("--force", action="store_true", help="replace NEW_CKPT if it exists")
+    grafting.add_argument(
+        "--copy",
+        action="store_true",
+        help="copy QUANT_CKPT's unchanged files instead of hard-linking them (uses their disk space again)",
+    )
+    grafting.add_argument("--json", action="store_true", help="one JSON object instead of text")
     commands.add_parser(
         "matrix",
         help="print the README's MTP drafter support tables (markdown), one per supported release",
@@ -94,7 +121,12 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, prog: str = "mtpq") -> int:
     """The `mtpq` console script, and `python -m mtpq`."""
-    args = build_parser(prog).parse_args(argv)
+    with output.closed_pipe_tolerated():
+        return _main(build_parser(prog), argv)
+
+
+def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
+    args = parser.parse_args(argv)
     try:
         if args.command == "doctor":
             return _doctor(args)
@@ -135,10 +167,11 @@ def _doctor(args: argparse.Namespace) -> int:
 
 def _graft(args: argparse.Namespace) -> int:
     stock_vllm = pin_for(args.stock_vllm).version if args.stock_vllm else None
-    result = graft(args.mtp_from, args.quantized, args.out, stock_vllm=stock_vllm, force=args.force)
-    for line in result.lines:
-        print(line)
-    return 0 if result.stock_ok is not False else 1
+    result = graft(
+        args.mtp_from, args.quantized, args.out, stock_vllm=stock_vllm, force=args.force, copy_files=args.copy
+    )
+    print(json.dumps(result.facts, indent=2) if args.json else "\n".join(result.lines))
+    return result.exit_code
 
 
 def _add_upstream(commands: argparse._SubParsersAction) -> None:

@@ -7,6 +7,7 @@ import sys
 import time
 from pathlib import Path
 
+from mtpq import __version__, output
 from mtpq.apply import gittree, installed, status
 from mtpq.apply.download import DownloadError, sweep_scratch
 from mtpq.apply.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
@@ -26,6 +27,7 @@ def build_parser() -> argparse.ArgumentParser:
             "release's sdist (sha256-verified, cached), make it a git tree and apply the series there."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s (mtpq {__version__})")
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--vllm-src", type=Path, metavar="DIR", help="a clean vLLM git checkout to apply onto")
     where.add_argument(
@@ -82,7 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    with output.closed_pipe_tolerated():
+        return _main(build_parser(), argv)
+
+
+def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     args = parser.parse_args(argv)
     if (args.verify or args.revert) and not args.installed:
         parser.error("--verify and --revert need --installed")
@@ -184,7 +190,7 @@ def _apply_to(
     title = f"mtpq series {series.series_id} ({series.directory.name}) on vLLM at {tree}" + (
         "" if args.check else f" (branch {branch})"
     )
-    print(status.format_table(title, results))
+    print(status.format_table(title, results, dry_run=args.check))
     if status.all_ok(results):
         print(tree)
         return 0
@@ -227,5 +233,5 @@ def _run_installed(args: argparse.Namespace, pins: dict[str, Pin]) -> int:
     else:
         results = installed.apply_installed(installation, series, dry_run=args.check)
     title = f"mtpq series {series.series_id} ({series.directory.name}) in {installation.package_dir}"
-    print(status.format_table(title, results))
+    print(status.format_table(title, results, dry_run=args.check))
     return 0 if status.all_ok(results) else EXIT_CONFLICT

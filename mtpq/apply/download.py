@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from html.parser import HTMLParser
 from pathlib import Path
 
+from mtpq import output
 from mtpq.apply import crashsafe
 from mtpq.apply.pin import Artifact
 
@@ -165,9 +166,15 @@ def fetch(artifact: Artifact) -> Path:
         with crashsafe.private_path(target.parent, _PART) as part_path:
             digest = hashlib.sha256()
             with urllib.request.urlopen(listed.url, timeout=120) as response, part_path.open("wb") as part:
+                total = int(response.headers.get("Content-Length") or 0) or None
+                size = f" ({total / 2**20:.1f} MiB)" if total else ""
+                output.note(f"downloading {artifact.filename}{size} from {listed.url} into {target.parent}")
+                progress = output.Progress(f"downloading {artifact.filename}", total)
                 while chunk := response.read(CHUNK):
                     digest.update(chunk)
                     part.write(chunk)
+                    progress.add(len(chunk))
+                progress.finish()
             if digest.hexdigest() != artifact.sha256:
                 raise DownloadError(
                     f"sha256 mismatch for {artifact.filename} from {listed.url}: "

@@ -23,6 +23,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
+from mtpq import output
 from mtpq.apply import crashsafe, status
 from mtpq.apply.download import cache_root, fetch, scratch_dir
 from mtpq.apply.pin import Artifact, Pin, release_in, release_tag
@@ -592,6 +593,7 @@ def sdist_tree(version: str, sdist: Artifact) -> Path:
     with crashsafe.exclusive_lock(root.parent, f"building {root}"):
         if (root / ".git").is_dir():  # built by the run we waited for
             return root
+        output.note(f"making a git tree of vLLM {version}'s sdist in {root} (once; a few hundred MB)")
         with crashsafe.private_path(root.parent, _UNPACKING, is_dir=True) as scratch:
             with tarfile.open(archive_path) as archive:
                 safe_extract(archive, scratch)

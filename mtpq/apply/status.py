@@ -15,6 +15,8 @@ NOT_TRIED = "not tried"
 SUCCESSES = (APPLIED, APPLIED_3WAY, ALREADY_UPSTREAM, ALREADY_APPLIED)
 # Shorter words for the rebase matrix (mtpq/apply/matrix.py), whose column per release must stay narrow.
 MATRIX_WORDS = {APPLIED: "clean", APPLIED_3WAY: "3-way"}
+# What --check says of a patch it only tried: nothing was applied.
+DRY_RUN_WORDS = {APPLIED: "would apply", APPLIED_3WAY: "would apply (3-way)"}
 
 
 @dataclass
@@ -29,12 +31,12 @@ class PatchResult:
     def ok(self) -> bool:
         return self.status in SUCCESSES
 
-    def describe(self) -> str:
+    def describe(self, dry_run: bool = False) -> str:
         if self.status == CONFLICT:
             return f"{CONFLICT}: {', '.join(self.files)}"
         if self.status == FAILED:
             return f"{FAILED}: {self.reason}"
-        return self.status
+        return DRY_RUN_WORDS.get(self.status, self.status) if dry_run else self.status
 
     def matrix_word(self) -> str:
         if self.status == CONFLICT:
@@ -46,11 +48,14 @@ def all_ok(results: list[PatchResult]) -> bool:
     return all(result.ok for result in results)
 
 
-def format_table(title: str, results: list[PatchResult]) -> str:
+def format_table(title: str, results: list[PatchResult], dry_run: bool = False) -> str:
+    """dry_run: the results of --check, which applied nothing."""
     width = max((len(r.name) for r in results), default=0)
     lines = [title]
-    lines += [f"  {r.name:<{width}}  {r.describe()}" for r in results]
-    counts = Counter(r.status for r in results)
+    lines += [f"  {r.name:<{width}}  {r.describe(dry_run)}" for r in results]
+    words = DRY_RUN_WORDS if dry_run else {}
+    counts = Counter(words.get(r.status, r.status) for r in results)
     summary = ", ".join(f"{count} {status}" for status, count in counts.items())
-    lines.append(f"{summary or 'nothing to do'}; {len(results)} patch(es) total")
+    checked = " (--check: nothing was changed)" if dry_run else ""
+    lines.append(f"{summary or 'nothing to do'}; {len(results)} patch(es) total{checked}")
     return "\n".join(lines)

@@ -14,7 +14,13 @@ from pathlib import Path
 
 from mtpq.apply.pin import load_pins
 from mtpq.checkpoint import facts
-from mtpq.checkpoint.reader import Checkpoint, CheckpointFiles, read_checkpoint, text_config_of
+from mtpq.checkpoint.reader import (
+    Checkpoint,
+    CheckpointError,
+    CheckpointFiles,
+    read_checkpoint,
+    text_config_of,
+)
 from mtpq.checkpoint.survey import load_survey, series_survey
 
 WORKS = "works"
@@ -184,6 +190,8 @@ def declared_mtp_layers(config: dict, architecture: facts.MtpArchitecture | None
             if name in holder:
                 value = holder[name]
                 where = f"config.json {'text_config.' if nested else ''}{name} = {value!r}"
+                if value is not None and not (type(value) is int and value >= 0):
+                    raise CheckpointError(f"{where}: not a count of MTP layers (an integer, 0 or more)")
                 return Declaration(value if type(value) is int else None, True, where, name, nested)
     wanted = " or ".join(fields)
     if architecture is None or architecture.count_source is None:

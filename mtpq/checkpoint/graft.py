@@ -10,6 +10,7 @@ vLLM serve it, and says where it cannot. The doctor judges the result.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import os
@@ -26,6 +27,8 @@ MTP_FILE = "model_mtp.safetensors"
 # The model facts a grafted MTP layer must share with the quantized checkpoint.
 SAME_MODEL_FIELDS = ("model_type", "hidden_size", "vocab_size", "num_hidden_layers")
 _COPY_CHUNK = 64 * 2**20  # tensors are copied in pieces of at most this many bytes
+EXIT_WRITTEN = 0
+EXIT_STOCK_UNSERVED = 1  # written, but --stock-vllm's release cannot serve its MTP layers
 _ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2}
 
 
@@ -35,15 +38,27 @@ class GraftError(ValueError):
 
 @dataclass
 class GraftResult:
+    out: str = ""
     lines: list[str] = field(default_factory=list)
     stock_ok: bool | None = None  # with --stock-vllm: whether stock vLLM serves the result
+    facts: dict = field(default_factory=dict)  # what --json prints: what was written, what is needed
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_STOCK_UNSERVED if self.stock_ok is False else EXIT_WRITTEN
 
 
 def graft(
-    bf16: str | Path, quant_dir: Path, out: Path, stock_vllm: str | None = None, force: bool = False
+    bf16: str | Path,
+    quant_dir: Path,
+    out: Path,
+    stock_vllm: str | None = None,
+    force: bool = False,
+    copy_files: bool = False,
 ) -> GraftResult:
     """bf16: a local directory, or a Hub repository id or URL, of which only the MTP tensors' bytes
-    (and the config files, the index and the headers of their shards) are read."""
+    (and the config files, the index and the headers of their shards) are read. copy_files: copy the
+    quantized checkpoint's unchanged files instead of hard-linking them."""
     survey = load_survey()
     source = _read(bf16, "--mtp-from")
     quant = _read(Path(quant_dir), "QUANT_CKPT")
@@ -58,10 +73,12 @@ def graft(
     config = copy.deepcopy(quant.config)
     restored = restore_mtp_fields(source.config, config)
 
-    result = GraftResult()
-    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    result = GraftResult(out=str(out))
+    made = _make_parents(out)
+    scratch = None
     try:
-        linked = _link_unchanged(quant, scratch)
+        scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+        unchanged = _carry_unchanged(quant, scratch, copy_files)
         mtp_file = MTP_FILE if not (quant.directory / MTP_FILE).exists() else f"grafted-{MTP_FILE}"
         mtp_bytes = _write_tensors(scratch / mtp_file, source, mtp)
         weight_map = {
@@ -71,26 +88,73 @@ def graft(
         index = {"metadata": {"total_size": quant.tensor_bytes + mtp_bytes}, "weight_map": weight_map}
         _write_json(scratch / survey.INDEX_FILE, index)
         _write_json(scratch / CONFIG_FILE, config)
+        carried = (
+            f"{unchanged} file(s) copied from {quant.directory}"
+            if copy_files
+            else f"{unchanged} file(s) hard-linked from {quant.directory} (they share their data: editing "
+            "one in place changes QUANT_CKPT too; --copy copies them)"
+        )
         result.lines.append(
-            f"grafted {len(mtp)} MTP tensors ({mtp_bytes} bytes) from {source.name} into {mtp_file}; "
-            f"{linked} file(s) hard-linked from {quant.directory}; new {CONFIG_FILE} and {survey.INDEX_FILE}"
+            f"wrote {out}: {len(mtp)} MTP tensors ({mtp_bytes} bytes) from {source.name} in {mtp_file}; "
+            f"{carried}; new {CONFIG_FILE} and {survey.INDEX_FILE}"
         )
         result.lines.append(f"config: {', '.join(restored) or 'no MTP field missing'}")
         if stock_vllm:
             result.stock_ok = _serve_stock(scratch, config, stock_vllm, result.lines)
-        diagnosis = diagnose(scratch)
-        for version, verdicts in diagnosis.verdicts.items():
-            stock, patched = verdicts["stock"].kind, verdicts["patched"].kind
-            result.lines.append(f"doctor: vLLM {version}: stock {stock}; with the series {patched}")
+        verdicts = {
+            version: {flavour: verdict.kind for flavour, verdict in by_flavour.items()}
+            for version, by_flavour in diagnose(scratch).verdicts.items()
+        }
+        for version, kinds in verdicts.items():
+            result.lines.append(
+                f"doctor: vLLM {version}: stock {kinds['stock']}; with the series {kinds['patched']}"
+            )
+        needed = still_needed(verdicts, stock_vllm, result.stock_ok)
+        result.lines.append(needed)
         _move_into_place(scratch, out, force)
     except OSError as error:
+        _remove_parents(made)
         raise GraftError(f"writing {out} failed ({error}); nothing was written") from None
     except CheckpointError as error:
+        _remove_parents(made)
         raise GraftError(f"--mtp-from: {error}; nothing was written") from None
     finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    result.lines.append(str(out))
+        if scratch is not None:
+            shutil.rmtree(scratch, ignore_errors=True)
+    result.facts = {
+        "out": str(out),
+        "mtp_file": mtp_file,
+        "mtp_tensors": len(mtp),
+        "mtp_bytes": mtp_bytes,
+        "source": source.name,
+        "unchanged_files": unchanged,
+        "unchanged_files_are": "copies" if copy_files else "hard links",
+        "config_restored": restored,
+        "stock_vllm": stock_vllm and {"version": stock_vllm, "serves": result.stock_ok},
+        "doctor": verdicts,
+        "still_needed": needed,
+        "exit_code": result.exit_code,
+    }
     return result
+
+
+def still_needed(verdicts: dict[str, dict[str, str]], stock_vllm: str | None, stock_ok: bool | None) -> str:
+    """The last line: what the user needs before vLLM serves the grafted checkpoint's MTP layers."""
+    if stock_ok:
+        return f"ready: stock vLLM {stock_vllm} serves its MTP layers"
+    stock = [version for version, kinds in verdicts.items() if kinds["stock"] == WORKS]
+    patched = [version for version, kinds in verdicts.items() if kinds["patched"] == WORKS]
+    if len(stock) == len(verdicts):
+        return "ready: stock vLLM serves its MTP layers"
+    if patched:
+        stock_option = (
+            "" if stock_vllm else "; or, for a stock release, graft again with --stock-vllm VERSION"
+        )
+        return (
+            f"still needed: vLLM {', '.join(patched)} with the mtpq series (python apply.py --installed, "
+            f"--wheel, or the images){stock_option}"
+        )
+    return "still needed: no vLLM serves it yet; mtpq doctor on it says why"
 
 
 def restore_mtp_fields(source: dict, target: dict) -> list[str]:
@@ -122,8 +186,8 @@ def _is_local(checkpoint: Checkpoint) -> bool:
 
 
 def _check_out(out: Path, inputs: list[Path], force: bool) -> None:
-    if not out.parent.is_dir():
-        raise GraftError(f"--out {out}: its parent directory does not exist")
+    if (blocking := _first_non_directory(out.parent)) is not None:
+        raise GraftError(f"--out {out}: {blocking} is not a directory")
     resolved = out.resolve()
     for directory in inputs:
         given = directory.resolve()
@@ -173,18 +237,40 @@ def _check_quantized(quant: Checkpoint, layers: int) -> set[str]:
     return stale
 
 
-def _link_unchanged(quant: Checkpoint, scratch: Path) -> int:
-    """Hard-link (or copy, across file systems) every file that stays as it is."""
+def _first_non_directory(directory: Path) -> Path | None:
+    """The nearest of `directory` and its parents that exists, when it is not a directory."""
+    for path in (directory, *directory.parents):
+        if path.exists():
+            return None if path.is_dir() else path
+    return None
+
+
+def _make_parents(out: Path) -> list[Path]:
+    """Create --out's missing parent directories; return them, deepest first."""
+    missing = [path for path in (out.parent, *out.parent.parents) if not path.exists()]
+    out.parent.mkdir(parents=True, exist_ok=True)
+    return missing
+
+
+def _remove_parents(made: list[Path]) -> None:
+    for path in made:
+        with contextlib.suppress(OSError):
+            path.rmdir()
+
+
+def _carry_unchanged(quant: Checkpoint, scratch: Path, copy_files: bool) -> int:
+    """Hard-link (or copy: asked for, or across file systems) every file that stays as it is."""
     survey = load_survey()
     rewritten = {CONFIG_FILE, survey.INDEX_FILE}
+    carry = shutil.copy2 if copy_files else _link_or_copy
     count = 0
     for path in sorted(quant.directory.iterdir()):
         if path.name in rewritten:
             continue
         if path.is_dir():
-            shutil.copytree(path, scratch / path.name, copy_function=_link_or_copy)
+            shutil.copytree(path, scratch / path.name, copy_function=carry)
         else:
-            _link_or_copy(path, scratch / path.name)
+            carry(path, scratch / path.name)
         count += 1
     return count
 

@@ -1,7 +1,7 @@
 """Checkpoints on the Hugging Face Hub (or a server that answers as it does), read without downloading
 them: config.json, the index and the headers of the shards holding MTP tensors, and for graft the MTP
 tensors' bytes, each through HTTP range requests made by huggingface_hub (its endpoint, token,
-revision, redirects and retries). huggingface_hub is optional (`pip install 'mtpq[hub]'`): it is
+revision, redirects and retries). huggingface_hub is optional (INSTALL_HINT): it is
 imported only when a remote checkpoint is named, and local directories need the standard library alone.
 """
 
@@ -25,8 +25,12 @@ from mtpq.checkpoint.reader import (
     spans_of,
 )
 
-INSTALL_HINT = "pip install 'mtpq[hub]'"
+# No mtpq package is published: the hub extra comes from a checkout or a git URL, or the library alone.
 MIN_HUB_VERSION = "1.0"  # as pyproject.toml's `hub` extra asks
+INSTALL_HINT = (
+    f"pip install 'huggingface_hub>={MIN_HUB_VERSION}', or in an mtpq checkout pip install '.[hub]' "
+    "(from git: pip install 'mtpq[hub] @ git+<the mtpq repository URL>')"
+)
 _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _URL = re.compile(r"https?://", re.IGNORECASE)
 # Path segments of a Hub page or file URL that come before a revision: /org/name/tree/REV/...
@@ -50,15 +54,19 @@ class HubLocation:
 
 def is_remote(location: str) -> bool:
     """An http(s) URL, or `org/name[@revision]` that is no local path."""
-    if _URL.match(location):
+    if is_url(location):
         return True
     repo_id, _, _ = location.partition("@")
     return bool(_REPO_ID.fullmatch(repo_id)) and not Path(location).exists()
 
 
+def is_url(location: str) -> bool:
+    return bool(_URL.match(location))
+
+
 def parse_location(location: str) -> HubLocation:
     """`org/name[@rev]`, or a URL `https://host/org/name[/tree/REV]` whose host is the endpoint."""
-    if not _URL.match(location):
+    if not is_url(location):
         repo_id, _, revision = location.partition("@")
         return HubLocation(None, repo_id, revision or None)
     url = urllib.parse.urlsplit(location)

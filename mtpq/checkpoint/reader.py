@@ -21,6 +21,14 @@ MAX_INDEX_BYTES = 64 * 2**20
 MODELOPT_CONFIG_FILE = "hf_quant_config.json"
 # Where each quantization method keeps the modules it leaves unquantized.
 IGNORE_FIELDS = ("ignore", "exclude_modules", "ignored_layers", "modules_to_not_convert")
+# The dtypes the safetensors library (0.8) reads, as series patch 0000 lists them: it refuses a file
+# naming another, so a tensor of another dtype cannot load.
+SAFETENSORS_DTYPES = frozenset(
+    "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ "
+    "I16 U16 F16 BF16 I32 U32 F32 C64 F64 I64 U64".split()
+)
+# A JSON file beginning with a UTF-8 byte-order mark: transformers' and vLLM's readers refuse it.
+UTF8_BOM = b"\xef\xbb\xbf"
 
 
 class CheckpointError(ValueError):
@@ -66,33 +74,43 @@ def check_header_length(where: str, length: int, file_size: int) -> None:
 
 def parse_header(where: str, raw: bytes, file_size: int) -> Header:
     """A header's JSON, each tensor entry checked as patched vLLM checks it (series patch 0000): a
-    string dtype, a shape of sizes and data_offsets [begin, end] within the file's data."""
+    dtype the safetensors library reads, a shape of sizes and data_offsets [begin, end], all within
+    the file (a shorter one is an incomplete download)."""
     try:
         header = json.loads(raw)
     except (ValueError, RecursionError) as error:
         raise CheckpointError(f"{where}: header is not JSON ({error})") from None
     if not isinstance(header, dict):
         raise CheckpointError(f"{where}: header is not a JSON object")
-    data_size = file_size - 8 - len(raw)
+    data_end = 0
     for name, entry in header.items():
-        if name != "__metadata__" and not _is_tensor_entry(entry, data_size):
+        if name == "__metadata__":
+            continue
+        if not _is_tensor_entry(entry):
             raise CheckpointError(
-                f"{where}: tensor {name!r:.200} has {entry!r:.200}, not a string dtype, a shape and "
-                f"data_offsets within the {data_size} data bytes"
+                f"{where}: tensor {name!r:.200} has {entry!r:.200}, not a safetensors dtype, a shape "
+                "and data_offsets [begin, end]"
             )
+        data_end = max(data_end, entry["data_offsets"][1])
+    if (declared := 8 + len(raw) + data_end) > file_size:
+        raise CheckpointError(
+            f"{where}: {file_size} bytes, shorter than the {declared} bytes its header declares: "
+            "an incomplete download (download the file again)"
+        )
     return Header(where, load_survey().tensor_infos(header), 8 + len(raw), file_size)
 
 
-def _is_tensor_entry(entry: object, data_size: int) -> bool:
+def _is_tensor_entry(entry: object) -> bool:
     if not isinstance(entry, dict):
         return False
     shape, offsets = entry.get("shape"), entry.get("data_offsets")
     return (
         isinstance(entry.get("dtype"), str)
+        and entry["dtype"] in SAFETENSORS_DTYPES
         and _are_sizes(shape)
         and _are_sizes(offsets)
         and len(offsets) == 2
-        and offsets[0] <= offsets[1] <= data_size
+        and offsets[0] <= offsets[1]
     )
 
 
@@ -272,22 +290,46 @@ def open_files(location: str | Path) -> CheckpointFiles:
     """A local directory, or a Hub repository id or URL (mtpq.checkpoint.hub, with huggingface_hub)."""
     from mtpq.checkpoint import hub  # standard library alone until a remote checkpoint is named
 
-    if isinstance(location, str) and hub.is_remote(location):
+    if not (isinstance(location, str) and hub.is_remote(location)):
+        return LocalFiles(Path(location))
+    if hub.is_url(location):
         return hub.HubFiles(location)
-    return LocalFiles(Path(location))
+    # ORG/NAME that is no local path: a typo of one when ORG is a local directory.
+    repo_id = location.partition("@")[0]
+    parent = Path(repo_id).parent
+    if parent.is_dir():
+        beside = ", ".join(sorted(entry.name for entry in parent.iterdir())[:8]) or "nothing"
+        raise CheckpointError(
+            f"{location}: no such local directory ({parent} holds {beside}); to read the Hub "
+            f"repository of that name, give its URL: https://huggingface.co/{repo_id}"
+        )
+    try:
+        return hub.HubFiles(location)
+    except CheckpointError as error:
+        raise CheckpointError(f"no local directory {location}, and as a Hub repository: {error}") from None
 
 
 def read_json(files: CheckpointFiles, file: str, what: str) -> tuple[object, int]:
+    """A JSON file as transformers and vLLM read it: UTF-8 text without a byte-order mark."""
     raw = files.read_bytes(file, what)
+    path = files.path(file)
+    if raw.startswith(UTF8_BOM):
+        raise CheckpointError(
+            f"{path}: the {what} begins with a UTF-8 byte-order mark (bytes EF BB BF), which transformers "
+            "refuses (Unexpected UTF-8 BOM), so vLLM cannot start: save it without the mark, e.g. "
+            f'python3 -c "import sys,pathlib; p=pathlib.Path(sys.argv[1]); '
+            f"p.write_bytes(p.read_bytes()[3:])\" '{path}'"
+        )
     try:
-        return json.loads(raw), len(raw)
+        return json.loads(raw.decode()), len(raw)
     except ValueError as error:
-        raise CheckpointError(f"{files.path(file)}: unreadable {what} ({error})") from None
+        raise CheckpointError(f"{path}: unreadable {what} ({error})") from None
 
 
 def read_config(files: CheckpointFiles) -> tuple[dict, int]:
     if isinstance(files, LocalFiles) and not files.directory.is_dir():
-        raise CheckpointError(f"{files.name}: not a checkpoint directory (no such directory)")
+        found = "a file" if files.directory.exists() else "no such directory"
+        raise CheckpointError(f"{files.name}: not a checkpoint directory ({found})")
     if not files.exists(CONFIG_FILE):
         raise CheckpointError(f"{files.name}: not a checkpoint directory (no {CONFIG_FILE})")
     config, size = read_json(files, CONFIG_FILE, "config")
@@ -311,8 +353,15 @@ def text_config_of(config: dict) -> dict:
 
 def read_quantization(files: CheckpointFiles, config: dict) -> tuple[dict | None, str | None, int]:
     for where, holder in (("config.json", config), ("config.json text_config", text_config_of(config))):
-        if isinstance(holder.get("quantization_config"), dict):
-            return holder["quantization_config"], f"{where} quantization_config", 0
+        found = holder.get("quantization_config")
+        if isinstance(found, dict):
+            return found, f"{where} quantization_config", 0
+        if found is not None:  # vLLM calls .get() on it and fails
+            raise CheckpointError(
+                f"{files.path(CONFIG_FILE)}: quantization_config is {found!r:.80}, not an object, so "
+                f"vLLM cannot read it ('{type(found).__name__}' object has no attribute 'get'): write the "
+                'quantizer\'s object, e.g. {"quant_method": "fp8", ...}'
+            )
     if not files.exists(MODELOPT_CONFIG_FILE):
         return None, None, 0
     modelopt, size = read_json(files, MODELOPT_CONFIG_FILE, "ModelOpt quantization config")
