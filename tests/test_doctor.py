@@ -533,3 +533,101 @@ def test_a_truncated_header_is_a_one_line_error_naming_the_file(tmp_path, cut):
     assert str(tmp_path / "model.safetensors") in done.stderr
     with pytest.raises(CheckpointError):
         doctor.diagnose(tmp_path)
+
+
+# --- what a new user meets: inputs the engine cannot serve are never `works` --------------------------
+
+
+def mimo_checkpoint(directory, change=lambda config: None, tensors=None):
+    """A BF16 MiMo checkpoint the doctor judges `works` until `change` edits its config."""
+    layout = LAYOUTS["mimo"]
+    config = json.loads(json.dumps(layout.config))
+    change(config)
+    return write_checkpoint(directory, config, {"model.safetensors": tensors or layout.tensors("bf16")})
+
+
+def assert_refused(directory, *words, location=None):
+    """One line on stderr holding `words`, exit 2 (bad input), nothing on stdout; nothing changed."""
+    before = {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()}
+    done = run_mtpq("doctor", location or directory)
+    assert (done.returncode, done.stdout) == (2, ""), done.stdout
+    assert done.stderr.count("\n") == 1 and all(word in done.stderr for word in words), done.stderr
+    assert {path: path.read_bytes() for path in directory.rglob("*") if path.is_file()} == before
+
+
+def test_a_bf16_checkpoint_works_before_the_broken_variants(tmp_path):
+    assert run_mtpq("doctor", mimo_checkpoint(tmp_path)).returncode == 0
+
+
+def test_a_quantization_config_that_is_a_string_is_refused(tmp_path):
+    """vLLM calls .get() on it ('str' object has no attribute 'get'); it said `quantization none`."""
+    directory = mimo_checkpoint(tmp_path, lambda config: config.update(quantization_config="fp8"))
+    assert_refused(directory, "config.json: quantization_config is 'fp8', not an object", "has no attribute")
+
+
+@pytest.mark.parametrize("count", [-3, True, "1", 1.0])
+def test_an_mtp_count_that_is_no_count_is_refused(tmp_path, count):
+    """It said "MTP declared yes, -3 layer(s)" and `works`."""
+    directory = mimo_checkpoint(tmp_path, lambda config: config.update(num_nextn_predict_layers=count))
+    assert_refused(directory, f"num_nextn_predict_layers = {count!r}: not a count of MTP layers")
+
+
+def test_a_tensor_of_a_dtype_safetensors_refuses_is_refused(tmp_path):
+    """The tensor was dropped (9 MTP modules became 8) and the verdict stayed `works`."""
+    directory = mimo_checkpoint(tmp_path)
+    shard = directory / "model.safetensors"
+    raw = shard.read_bytes()
+    name = "model.mtp_layers.0.input_proj.weight"
+    entry = raw.index(json.dumps(name).encode())
+    dtype = raw.index(b'"BF16"', entry)
+    shard.write_bytes(raw[:dtype] + b'"Q9"  ' + raw[dtype + 6 :])  # the header keeps its length
+    assert_refused(directory, str(shard), f"tensor '{name}'", "'dtype': 'Q9'", "not a safetensors dtype")
+
+
+@pytest.mark.parametrize("file", ["config.json", INDEX_FILE])
+def test_a_json_file_with_a_utf8_byte_order_mark_is_refused_naming_the_mark_and_the_fix(tmp_path, file):
+    """transformers refuses it (Unexpected UTF-8 BOM): vLLM cannot start, and the doctor said `works`."""
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(tmp_path, layout.config, {"model.safetensors": layout.tensors("bf16")}, index=True)
+    path = tmp_path / file
+    path.write_bytes(b"\xef\xbb\xbf" + path.read_bytes())
+    assert_refused(tmp_path, str(path), "UTF-8 byte-order mark", "Unexpected UTF-8 BOM", "p.read_bytes()[3:]")
+
+
+def test_a_truncated_shard_is_an_incomplete_download_with_both_sizes(tmp_path):
+    directory = mimo_checkpoint(tmp_path)
+    shard = directory / "model.safetensors"
+    size = shard.stat().st_size
+    with open(shard, "r+b") as file:
+        file.truncate(size // 2)
+    assert_refused(
+        directory,
+        f"{size // 2} bytes, shorter than the {size} bytes its header declares",
+        "incomplete download",
+    )
+
+
+def test_a_file_given_for_the_checkpoint_directory_is_called_a_file(tmp_path):
+    (tmp_path / "ckpt").write_text("{}")
+    assert_refused(tmp_path, "ckpt: not a checkpoint directory (a file)", location=tmp_path / "ckpt")
+
+
+def test_a_typo_in_a_local_path_is_not_taken_for_a_hub_repository(tmp_path):
+    mimo_checkpoint(tmp_path / "ck" / "fp8")
+    done = subprocess.run(
+        [sys.executable, "-S", "-m", "mtpq", "doctor", "ck/fp9"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        env={"PYTHONPATH": str(ROOT)},
+    )
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "ck/fp9: no such local directory (ck holds fp8)" in done.stderr
+    assert "huggingface" not in done.stderr.partition("give its URL")[0]
+
+
+def test_a_name_that_is_neither_local_nor_readable_on_the_hub_says_both(tmp_path):
+    done = run_mtpq("doctor", "no-such-org/no-such-model")  # -S: no huggingface_hub
+    assert done.returncode == 2 and done.stderr.count("\n") == 1
+    assert "no local directory no-such-org/no-such-model, and as a Hub repository" in done.stderr
+    assert "pip install '.[hub]'" in done.stderr and "mtpq[hub] @ git+" in done.stderr
