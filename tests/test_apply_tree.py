@@ -60,7 +60,8 @@ def test_check_is_a_dry_run(run_apply, scratch_tree, snapshot, release_series):
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree), "--check")
     assert done.returncode == 0, done.stderr
-    assert done.stdout.count("  applied\n") == len(release_series.patches)
+    assert done.stdout.count("  would apply\n") == len(release_series.patches)
+    assert "  applied\n" not in done.stdout and "(--check: nothing was changed)" in done.stdout
     assert snapshot(scratch_tree) == before
 
 

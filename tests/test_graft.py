@@ -127,7 +127,7 @@ def test_graft_adds_the_mtp_layer_maps_every_tensor_and_leaves_the_inputs_alone(
     assert (new / "tokenizer.json").read_text() == "{}"
     verdicts = diagnose(new).verdicts
     assert {v["patched"].kind for v in verdicts.values()} == {WORKS}
-    assert done.stdout.rstrip().endswith(str(new))
+    assert done.stdout.startswith(f"wrote {new}: ")
 
 
 def test_graft_supplies_the_mtp_file_an_index_names_but_the_release_lacks(tmp_path):
@@ -340,3 +340,91 @@ def test_memory_stays_within_the_largest_mtp_tensor(tmp_path):
         tracemalloc.stop()
 
     assert 16 * 2**20 <= peak < 24 * 2**20
+
+
+# --- what a new user meets -------------------------------------------------------------------------
+
+
+def mimo_pair(tmp_path: Path) -> tuple[Path, Path]:
+    layout = LAYOUTS["mimo"]
+    quant = export(layout, tmp_path / "quant", compressed_tensors("int8", ["lm_head"]))
+    return bf16_release(layout, tmp_path / "bf16"), quant
+
+
+def graft_help() -> str:
+    """`graft --help` without whitespace: argparse wraps (and splits hyphenated words) at any column."""
+    return "".join(run_mtpq("graft", "--help").stdout.split())
+
+
+def squeezed(words: str) -> str:
+    return "".join(words.split())
+
+
+def test_missing_parents_of_the_output_are_created(tmp_path):
+    source, quant = mimo_pair(tmp_path)
+    done = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "a" / "b" / "new")
+    assert done.returncode == 0, done.stderr
+    assert read_checkpoint(tmp_path / "a" / "b" / "new").coverage.complete
+
+
+def test_missing_parents_made_for_a_graft_that_fails_are_removed(tmp_path):
+    source, quant = mimo_pair(tmp_path)
+    (source / "config.json").write_text(json.dumps({**LAYOUTS["mimo"].config, "hidden_size": 1}))
+    done = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "a" / "new")
+    assert done.returncode == 2 and not (tmp_path / "a").exists()
+
+
+def test_hard_links_are_said_and_copy_copies(tmp_path):
+    source, quant = mimo_pair(tmp_path)
+    help_text = graft_help()
+    linked = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "linked")
+    copied = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "copied", "--copy")
+
+    assert squeezed("hard-linked, not copied, unless --copy") in help_text
+    assert squeezed("changes QUANT_CKPT too") in help_text
+    assert (
+        "hard-linked from" in linked.stdout and "editing one in place changes QUANT_CKPT too" in linked.stdout
+    )
+    assert "copied from" in copied.stdout and copied.returncode == 0
+    shard = quant / "model-0.safetensors"
+    assert (tmp_path / "linked" / shard.name).stat().st_ino == shard.stat().st_ino
+    assert (tmp_path / "copied" / shard.name).stat().st_ino != shard.stat().st_ino
+    assert (tmp_path / "copied" / shard.name).read_bytes() == shard.read_bytes()
+
+
+def test_the_last_line_tells_what_vllm_still_needs(tmp_path):
+    source, quant = mimo_pair(tmp_path)
+    plain = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "plain")
+    stock = run_mtpq(
+        "graft", "--mtp-from", source, quant, "--out", tmp_path / "stock", "--stock-vllm", "0.22.1"
+    )
+
+    assert plain.returncode == 0 and "stock silent 0 % acceptance" in plain.stdout
+    assert plain.stdout.splitlines()[-1].startswith("still needed: vLLM ")
+    assert "with the mtpq series (python apply.py --installed" in plain.stdout.splitlines()[-1]
+    assert "--stock-vllm VERSION" in plain.stdout.splitlines()[-1]
+    assert stock.returncode == 0 and stock.stdout.splitlines()[-1] == (
+        "ready: stock vLLM 0.22.1 serves its MTP layers"
+    )
+
+
+def test_help_names_every_argument_and_the_exit_codes():
+    help_text = " ".join(run_mtpq("graft", "--help").stdout.split())
+    assert "QUANT_CKPT the quantized checkpoint directory" in help_text
+    assert "--out NEW_CKPT the new checkpoint directory (its missing parents are created" in help_text
+    assert (
+        "Exit code: 0 written, 1 written but --stock-vllm's release cannot serve it, 2 bad input" in help_text
+    )
+
+
+def test_json_says_what_the_text_says(tmp_path):
+    source, quant = mimo_pair(tmp_path)
+    done = run_mtpq("graft", "--mtp-from", source, quant, "--out", tmp_path / "new", "--json")
+
+    report = json.loads(done.stdout)
+    assert done.returncode == report["exit_code"] == 0
+    assert report["out"] == str(tmp_path / "new") and report["mtp_file"] == grafting.MTP_FILE
+    assert report["mtp_tensors"] == len(LAYOUTS["mimo"].mtp("bf16"))
+    assert report["unchanged_files_are"] == "hard links"
+    assert {kinds["patched"] for kinds in report["doctor"].values()} == {WORKS}
+    assert report["still_needed"].startswith("still needed: vLLM ")

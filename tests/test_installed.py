@@ -65,6 +65,8 @@ def test_check_changes_nothing(run_apply, environment, release_series):
     pristine = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python, "--check")
     assert done.returncode == 0, done.stderr
+    assert done.stdout.count("  would apply\n") == len(release_series.patches)
+    assert "  applied\n" not in done.stdout and "(--check: nothing was changed)" in done.stdout
     assert fingerprint(environment.site) == pristine
 
 
