@@ -267,11 +267,8 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     if architecture.draft_experts is None or checkpoint.quantization is None:
         return None
     experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
-    shards = [f"{experts}.{shard}" for shard in _EXPERT_SHARDS]
-    if (
-        _ignored(checkpoint, shards) is not False
-        or (scheme := _targeting_group(checkpoint, shards[0])) is None
-    ):
+    expert = f"{experts}.{_EXPERT_SHARDS[0]}"
+    if _ignored(checkpoint, expert) is not False or (scheme := _targeting_group(checkpoint, expert)) is None:
         return None
     _, fmt = facts.quantization_format(checkpoint.quantization, scheme)
     if error := facts.moe_kernel_missing(diagnosis.platform, fmt, version):
@@ -359,7 +356,7 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
             continue
         layer = runtime_layer(module.runtime)
         method, fmt = facts.quantization_format(
-            checkpoint.quantization, _targeting_group(checkpoint, _shards(module.runtime)[0])
+            checkpoint.quantization, _targeting_group(checkpoint, module.runtime)
         )
         if _EXPERT.match(module.runtime) and (
             gap := facts.moe_kernel_missing(diagnosis.platform, fmt, version)
@@ -421,11 +418,11 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
         elif not compressed_tensors:
             modules.append(DraftModule(name, stored, runtime, "quantized"))
         else:
-            ignored = _ignored(checkpoint, _shards(runtime))
+            ignored = _ignored(checkpoint, runtime)
             if ignored is None:
                 modules.append(DraftModule(name, stored, runtime, "mixed"))
             else:
-                targeted = not ignored and _targeting_group(checkpoint, _shards(runtime)[0]) is not None
+                targeted = not ignored and _targeting_group(checkpoint, runtime) is not None
                 modules.append(DraftModule(name, stored, runtime, "quantized" if targeted else "unquantized"))
     return modules
 
@@ -456,19 +453,35 @@ def _matches(name: str, entry: str) -> bool:
     return bool(re.match(entry[3:], name)) if entry.startswith("re:") else entry == name
 
 
-def _ignored(checkpoint: Checkpoint, shards: list[str]) -> bool | None:
-    """Whether `ignore` covers the module's shards: all, none, or None for some (vLLM refuses that)."""
+def _matches_any(name: str, entries: list[str]) -> bool:
+    return any(_matches(name, entry) for entry in entries)
+
+
+def _ignored(checkpoint: Checkpoint, runtime: str) -> bool | None:
+    """Whether `ignore` covers the module, as vLLM's should_ignore_layer decides: an entry naming its
+    (fused) linear ignores it; else its shards, all, none, or None for some (vLLM refuses that). An
+    expert layer is decided by expert 0's projections."""
     _, entries = checkpoint.ignore_entries()
-    found = {any(_matches(shard, entry) for entry in entries) for shard in shards}
+    if not _EXPERT.match(runtime) and _matches_any(runtime_layer(runtime), entries):
+        return True
+    found = {_matches_any(shard, entries) for shard in _shards(runtime)}
     return found.pop() if len(found) == 1 else None
 
 
-def _targeting_group(checkpoint: Checkpoint, name: str) -> dict | None:
-    """The config group whose targets take the module: its name, a regex, or the class name "Linear"
-    (every linear, and the fused experts vLLM adds for it)."""
+def _targeting_group(checkpoint: Checkpoint, runtime: str) -> dict | None:
+    """The config group whose targets take the module, as vLLM's find_matched_target decides: a target
+    naming its (fused) linear, or each of its shards, or the class name "Linear" (every linear, and the
+    fused experts vLLM adds for it). An expert layer is decided by expert 0's gate_proj."""
+    layer, shards = runtime_layer(runtime), _shards(runtime)
+    if _EXPERT.match(runtime):
+        layer, shards = shards[0], shards[:1]
     for group in (checkpoint.quantization.get("config_groups") or {}).values():
         targets = group.get("targets") or []
-        if "Linear" in targets or any(_matches(name, target) for target in targets):
+        if (
+            "Linear" in targets
+            or _matches_any(layer, targets)
+            or all(_matches_any(shard, targets) for shard in shards)
+        ):
             return group
     return None
 

@@ -1,0 +1,194 @@
+"""The logic the doctor deliberately holds a second copy of, so that it reads checkpoints with the
+standard library alone, checked against the original on the test bed: each copy fails here the day
+it drifts.
+
+- its safetensors header checks (mtpq/checkpoint/reader.py) against patched vLLM's
+  parse_safetensors_file_metadata (series patch 0000), and its dtypes against the safetensors library;
+- its compressed-tensors ignore / target matching (mtpq/checkpoint/doctor.py) against vLLM's matcher;
+- its words for vLLM's errors (mtpq/checkpoint/facts.py) against the messages in the patches.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from conftest import ROOT
+from survey_cases import mutate, random_header
+
+from mtpq.checkpoint import doctor, facts, reader
+
+vllm_utils = pytest.importorskip("vllm.transformers_utils.utils")
+if not hasattr(vllm_utils, "SafetensorsHeaderError"):
+    pytest.skip(
+        "this test bed's series reads headers with its own parser (no patch 0000)", allow_module_level=True
+    )
+
+HOSTILE_ENTRIES = [
+    {"dtype": "Q9", "shape": [1], "data_offsets": [0, 1]},
+    {"dtype": "bf16", "shape": [1], "data_offsets": [0, 2]},
+    {"dtype": "BF16", "shape": [1], "data_offsets": [0, 10**9]},  # past the end: a truncated file
+    {"dtype": ["BF16"], "shape": [1], "data_offsets": [0, 2]},
+]
+
+
+def both_readers(path):
+    """(doctor's outcome, vLLM's outcome): the tensors' dtypes read, or the error's words."""
+    outcomes = []
+    for read, error_type in (
+        (lambda: reader.LocalFiles(path.parent).read_header(path.name).tensors, reader.CheckpointError),
+        (lambda: vllm_utils.parse_safetensors_file_metadata(path), vllm_utils.SafetensorsHeaderError),
+    ):
+        try:
+            found = read()
+        except error_type as error:
+            outcomes.append(("refused", str(error)))
+        else:
+            dtypes = {name: getattr(info, "dtype", info) for name, info in found.items()}
+            outcomes.append(
+                (
+                    "read",
+                    {
+                        n: d["dtype"] if isinstance(d, dict) else d
+                        for n, d in dtypes.items()
+                        if n != "__metadata__"
+                    },
+                )
+            )
+    return outcomes
+
+
+def test_the_doctor_reads_and_refuses_headers_as_patched_vllm_does(tmp_path):
+    rng = random.Random(33)
+    path = tmp_path / "model.safetensors"
+    cases = []
+    for _ in range(400):
+        header, data_size = random_header(rng)
+        cases.append((header, data_size))
+        cases.append((mutate(rng, header), data_size))
+    for entry in HOSTILE_ENTRIES:
+        cases.append((json.dumps({"w": entry}).encode(), 2))
+    cases += [(b"{}", 0), (b"", 8), (b"[]", 0), (b'{"w": 1}', 0)]
+    refused = 0
+    for header, data_size in cases:
+        path.write_bytes(len(header).to_bytes(8, "little") + header + bytes(data_size))
+        doctor_outcome, vllm_outcome = both_readers(path)
+        assert doctor_outcome == vllm_outcome, header[:300]
+        refused += doctor_outcome[0] == "refused"
+    assert 0.1 < refused / len(cases) < 0.9  # both kinds were generated
+
+
+def test_the_doctor_and_vllm_know_the_dtypes_the_safetensors_library_reads(tmp_path):
+    safetensors = pytest.importorskip("safetensors")
+    assert reader.SAFETENSORS_DTYPES == vllm_utils.SAFETENSORS_DTYPES
+    path = tmp_path / "model.safetensors"
+    for dtype in sorted(reader.SAFETENSORS_DTYPES) + ["Q9", "bf16", "I4", "F8"]:
+        header = json.dumps({"w": {"dtype": dtype, "shape": [0], "data_offsets": [0, 0]}}).encode()
+        path.write_bytes(len(header).to_bytes(8, "little") + header)
+        try:
+            with safetensors.safe_open(path, "np"):
+                read = True
+        except Exception:  # the library's SafetensorError (its type differs between versions)
+            read = False
+        assert read == (dtype in reader.SAFETENSORS_DTYPES), dtype
+
+
+# --- compressed-tensors matching ---------------------------------------------------------------------
+
+ct_utils = pytest.importorskip("vllm.model_executor.layers.quantization.compressed_tensors.utils")
+FUSED_MAPPING = {fused: list(shards) for fused, shards in doctor._FUSED}
+LEAVES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "eh_proj", "q_a_proj"]
+PREFIXES = ["model.layers.2", "model.mtp_layers.0", "mtp.layers.0", "model.layers.61.mtp_block"]
+PARENTS = ["self_attn", "mlp", "mlp.shared_experts"]
+
+
+def random_entry(rng: random.Random) -> str:
+    name = f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}"
+    kind = rng.randrange(4)
+    if kind == 0:
+        return name
+    if kind == 1:
+        return "re:" + re.escape(name).replace(re.escape(rng.choice(LEAVES)), ".*")
+    if kind == 2:
+        return f"re:.*{rng.choice(LEAVES)}$"
+    return f"re:.*{rng.choice(PARENTS)}\\.{rng.choice(['q', 'k', 'gate', 'up'])}.*"
+
+
+class Linear:  # what vLLM matches the class-name target "Linear" against, by containment
+    pass
+
+
+class QKVParallelLinear(Linear):
+    pass
+
+
+def test_ignore_and_targets_match_as_vllms_compressed_tensors_matcher_does():
+    rng = random.Random(33)
+    compared = {"ignored": 0, "mixed": 0, "targeted": 0}
+    for _ in range(2000):
+        entries = [random_entry(rng) for _ in range(rng.randrange(4))]
+        targets = [random_entry(rng) for _ in range(rng.randrange(3))]
+        shard = f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}"
+        layer = doctor.runtime_layer(shard)
+        checkpoint = SimpleNamespace(
+            ignore_entries=lambda entries=entries: ("ignore", entries),
+            quantization={"config_groups": {"group_0": {"targets": targets}}},
+        )
+        ours = doctor._ignored(checkpoint, shard)
+        try:
+            theirs = ct_utils.should_ignore_layer(layer, entries, FUSED_MAPPING)
+        except ValueError as error:
+            assert "different quantization schemes" in str(error)
+            theirs = None
+        assert ours == theirs, (layer, entries)
+        compared["mixed" if ours is None else "ignored" if ours else "targeted"] += 1
+        if ours is False:
+            matched = ct_utils.find_matched_target(layer, object(), targets, FUSED_MAPPING)
+            assert (doctor._targeting_group(checkpoint, shard) is not None) == (matched is not None), (
+                layer,
+                targets,
+            )
+    assert all(compared.values()), compared
+
+
+# --- the words of vLLM's errors ----------------------------------------------------------------------
+
+
+def joined_literals(text: str) -> str:
+    """Source text with adjacent string literals joined, as Python joins them: "a " "b" -> "a b"."""
+    return re.sub(r'"\s*\+?\s*f?"', "", text)
+
+
+def patch_text(series: str, name_part: str) -> str:
+    """The source a patch leaves: its added and context lines."""
+    (path,) = (ROOT / "patches" / series).glob(f"*{name_part}*.patch")
+    lines = path.read_text().splitlines(keepends=True)
+    return joined_literals("".join(line[1:] for line in lines if line[:1] in "+ "))
+
+
+@pytest.mark.parametrize(
+    ("words", "series", "patch"),
+    [
+        (facts.PATCHED_NO_MTP_LAYERS.split("{model}")[0], "v0.33.0", "refuse-mtp-without-mtp-layers"),
+        (facts.PATCHED_NO_MTP_LAYERS.split("{model}")[1], "v0.33.0", "refuse-mtp-without-mtp-layers"),
+        (facts.PATCHED_NO_MTP_LAYERS.split("{model}")[0], "v0.22.1", "refuse-mtp-without-mtp-layers"),
+        (facts.PATCHED_NO_MTP_LAYERS.split("{model}")[1], "v0.22.1", "refuse-mtp-without-mtp-layers"),
+        (facts.PATCHED_PREFIX, "v0.33.0", "refuse-mtp-without-mtp-layers"),
+        (facts.PATCHED_UNLOADED, "v0.33.0", "check-every-mtp-draft-parameter"),
+        (facts.PATCHED_UNLOADED, "v0.22.1", "loud-mtp-draft-weight-loading"),
+    ],
+)
+def test_the_doctors_words_for_the_series_errors_are_the_patches(words, series, patch):
+    assert words.strip() in patch_text(series, patch)
+
+
+def test_the_doctors_words_for_stock_vllms_index_error_are_vllms():
+    weight_utils = (
+        Path(vllm_utils.__file__).parents[1] / "model_executor" / "model_loader" / "weight_utils.py"
+    )
+    source = joined_literals(weight_utils.read_text())
+    assert facts.since("0.32.0", facts.STOCK_INDEX_FILE_MISSING) in source
