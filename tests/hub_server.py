@@ -8,7 +8,10 @@ after LIFETIME seconds.
 
 Repositories are local checkpoint directories (header_checkpoints.py writes them). Faults a test can
 switch on per repository: `ignore_range` (a 200 with the whole file), `drop_after` (close the
-connection after that many body bytes, `drops` times), `gated`, `private` (a token is needed).
+connection after that many body bytes, `drops` times), `gated`, `private` (a token is needed),
+`delay` (seconds of silence before each file's answer), `server_errors` (answer that many file
+requests with 503), `redirect_loop` (files redirect to themselves), `fault_file` (the faults hit that
+file alone), `before_file` (called before each file request: a test moves the revision there).
 """
 
 from __future__ import annotations
@@ -18,6 +21,8 @@ import http.server
 import json
 import re
 import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import parse_qs, quote, unquote, urlsplit
@@ -39,6 +44,14 @@ class Repo:
     ignore_range: bool = False
     drop_after: int | None = None
     drops: int = 0  # how many more bodies to cut after drop_after bytes
+    delay: float = 0.0
+    server_errors: int = 0  # how many more file requests get a 503
+    redirect_loop: bool = False
+    fault_file: str | None = None  # None: the faults hit every file
+    before_file: Callable[[], None] | None = None
+
+    def faulty(self, name: str) -> bool:
+        return self.fault_file in (None, name)
 
     @property
     def commit(self) -> str:
@@ -147,6 +160,21 @@ class HubServer:
                 self.send_body(200, body.encode(), "application/json")
 
             def resolve(self, repo_id: str, revision: str, name: str) -> None:
+                repo = hub.repos.get(repo_id)
+                if repo is not None and repo.before_file:
+                    repo.before_file()
+                if repo is not None and repo.faulty(name):
+                    if repo.delay:
+                        time.sleep(repo.delay)
+                    if repo.server_errors:
+                        repo.server_errors -= 1
+                        return self.fail(503, None)
+                    if repo.redirect_loop:
+                        self.send_response(302)
+                        self.send_header("Location", self.path)
+                        self.send_header("Content-Length", "0")
+                        self.end_headers()
+                        return None
                 repo, error = hub._find(repo_id, revision)
                 if error:
                     return self.fail(401 if error == "RepoNotFound" else 404, error)
@@ -234,7 +262,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         self.end_headers()
         cut = None
-        if repo.drops and repo.drop_after is not None:
+        if repo.drops and repo.drop_after is not None and repo.faulty(file.name):
             repo.drops -= 1
             cut = repo.drop_after
         self._stream(file, begin, end + 1, cut)

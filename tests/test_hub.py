@@ -305,7 +305,7 @@ def test_without_huggingface_hub_a_remote_checkpoint_is_one_line(tmp_path, hub):
 
     done = run_mtpq("doctor", "org/ckpt")  # -S: the standard library alone
 
-    assert_one_line_error(done, "huggingface_hub 1.0 or newer", "pip install 'mtpq[hub]'")
+    assert_one_line_error(done, "huggingface_hub 1.0 or newer", "pip install '.[hub]'", "git+")
     assert run_mtpq("doctor", tmp_path).returncode == 1  # a local directory needs nothing more
 
 
@@ -414,3 +414,92 @@ def test_pip_install_with_the_hub_extra_gives_a_working_mtpq_command(tmp_path, h
         remote.stdout.split("\nquantization")[1].split("\nread")[0]
         == local.stdout.split("\nquantization")[1].split("\nread")[0]
     )
+
+
+# --- a server that misbehaves: a clear error or a bounded retry, never a whole shard ------------------
+
+SHARD = "model.safetensors"
+
+
+def shard_checkpoint(directory: Path) -> Path:
+    """small_checkpoint's tensors beside 128 MiB of trunk (a hole): fetching the shard would show."""
+    layout = LAYOUTS["mimo"]
+    big = {"model.layers.0.mlp.experts.1.up_proj.weight": ("BF16", [8192, 8192])}
+    config = quantized(layout, compressed_tensors("int8", []))
+    return write_checkpoint(directory, config, {SHARD: layout.tensors("int8") | big})
+
+
+def run_faulty(hub: HubServer, directory: Path, timeout: float | None = None, **faults):
+    """The doctor on org/ckpt served with `faults` on its shard: (the run, the shard's bytes fetched,
+    seconds taken)."""
+    hub.add("org/ckpt", directory, fault_file=SHARD, **faults)
+    env = hub_env(hub) | ({"MTPQ_HUB_TIMEOUT": str(timeout)} if timeout else {})
+    started = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpq", "doctor", "org/ckpt"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=env,
+    )
+    return done, hub.served.files().get(SHARD, 0), time.perf_counter() - started
+
+
+def assert_judged(done: subprocess.CompletedProcess) -> None:
+    assert done.returncode == 1 and "silent 0 % acceptance" in done.stdout and done.stderr == "", done.stderr
+
+
+def test_a_connection_dropped_mid_header_is_read_again_then_named(tmp_path, hub):
+    directory = shard_checkpoint(tmp_path)
+    header = header_bytes(directory / SHARD)
+    # the 8-byte length read is shorter than the cut; the header's read is cut in its middle
+    recovered, fetched, _ = run_faulty(hub, directory, drop_after=header // 2, drops=2)
+    assert_judged(recovered)
+    assert fetched == 8 + header // 2 + (header - 8)  # the length, the cut header, the header again
+
+    hub.reset_counts()
+    failed, fetched, _ = run_faulty(hub, directory, drop_after=header // 2, drops=1000)
+    assert_one_line_error(failed, f"org/ckpt/{SHARD}", "could not be read", f"{header // 2} of {header - 8}")
+    assert fetched == 8 + 3 * (header // 2)  # three tries of the header, never the data
+
+
+def test_a_server_slower_than_the_timeout_is_named_after_bounded_retries(tmp_path, hub):
+    done, fetched, seconds = run_faulty(hub, shard_checkpoint(tmp_path), timeout=0.5, delay=2.0)
+
+    assert_one_line_error(done, f"org/ckpt/{SHARD}", "no answer from", "within 0.5 s", "MTPQ_HUB_TIMEOUT")
+    assert fetched == 0 and seconds < 15, seconds
+    assert hub.served.requests.count(f"/org/ckpt/resolve/{hub.repos['org/ckpt'].commit}/{SHARD}") == 3
+
+
+def test_a_server_error_is_retried_then_named(tmp_path, hub):
+    directory = shard_checkpoint(tmp_path)
+    recovered, fetched, _ = run_faulty(hub, directory, server_errors=1)
+    assert_judged(recovered)
+    assert fetched == header_bytes(directory / SHARD)
+
+    hub.reset_counts()
+    failed, fetched, _ = run_faulty(hub, directory, server_errors=1000)
+    assert_one_line_error(failed, f"org/ckpt/{SHARD}", "HTTP 503")
+    assert fetched == 0 and len([path for path in hub.served.requests if path.endswith(SHARD)]) == 3
+
+
+def test_a_redirect_loop_is_named(tmp_path, hub):
+    done, fetched, seconds = run_faulty(hub, shard_checkpoint(tmp_path), redirect_loop=True)
+
+    assert_one_line_error(done, f"org/ckpt/{SHARD}", "redirects in a loop")
+    assert fetched == 0 and seconds < 15
+
+
+def test_a_revision_that_moves_while_read_is_named_not_mixed(tmp_path, hub):
+    directory = shard_checkpoint(tmp_path)
+    first = hub.add("org/ckpt", directory).commit
+
+    def push_a_commit():  # the branch moves after the config files were read
+        if any(path.endswith(SHARD) for path in hub.served.requests):
+            (directory / "README.md").write_text("a new commit")
+
+    done, fetched, _ = run_faulty(hub, directory, before_file=push_a_commit)
+
+    assert_one_line_error(done, f"commit {first} is no longer served", "the revision moved", "run again")
+    assert fetched == 0 and hub.repos["org/ckpt"].commit != first
+    assert all(first in path for path in hub.served.requests if "/resolve/" in path)  # one commit read

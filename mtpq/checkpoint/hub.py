@@ -10,6 +10,8 @@ from __future__ import annotations
 import dataclasses
 import importlib
 import json
+import logging
+import os
 import re
 import types
 import urllib.parse
@@ -35,8 +37,11 @@ _REPO_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*")
 _URL = re.compile(r"https?://", re.IGNORECASE)
 # Path segments of a Hub page or file URL that come before a revision: /org/name/tree/REV/...
 _REVISION_MARKERS = ("tree", "resolve", "blob")
-_ATTEMPTS = 3  # reads of one range, each with huggingface_hub's own retries of the request
-_TIMEOUT = 30.0  # seconds without a byte from the server
+_ATTEMPTS = 3  # reads of one range cut short mid-body
+_RETRIED_STATUSES = (408, 429, 500, 502, 503, 504)  # what huggingface_hub retries a request on
+_RETRIES = 2  # huggingface_hub's retries of a request that failed (a timeout, a 5xx), 1 s then 2 s apart
+# Seconds without a byte from the server; MTPQ_HUB_TIMEOUT changes it (a slow link, a test).
+_TIMEOUT = float(os.environ.get("MTPQ_HUB_TIMEOUT") or 30.0)
 _TOKEN_HINT = "set HF_TOKEN (or run `hf auth login`) to a token with access"
 
 
@@ -101,7 +106,7 @@ def _import_hub() -> types.SimpleNamespace:
         )
     except (ImportError, AttributeError):
         needs = f"huggingface_hub {MIN_HUB_VERSION} or newer reads a checkpoint on the Hub: {INSTALL_HINT}"
-        raise CheckpointError(needs) from None
+        raise NotOnHub(needs) from None
 
 
 class HubFiles(CheckpointFiles):
@@ -112,6 +117,8 @@ class HubFiles(CheckpointFiles):
 
     def __init__(self, location: str):
         self.hub = _import_hub()
+        # Its retries log warnings with tracebacks' words; what failed after them is said here, in one line.
+        logging.getLogger("huggingface_hub").setLevel(logging.ERROR)
         self.location = parse_location(location)
         self.name = self.location.name
         self.endpoint = (self.location.endpoint or self.hub.constants.ENDPOINT).rstrip("/")
@@ -205,7 +212,9 @@ class HubFiles(CheckpointFiles):
 
     def _get_range(self, url: str, headers: dict, where: str, begin: int, end: int) -> bytes:
         wanted = end - begin
-        with self.hub.http_stream_backoff("GET", url, headers=headers, timeout=_TIMEOUT) as response:
+        with self.hub.http_stream_backoff(
+            "GET", url, headers=headers, timeout=_TIMEOUT, max_retries=_RETRIES
+        ) as response:
             if response.status_code >= 400:
                 response.read()  # an error's words are in its (small) body
                 self.hub.hf_raise_for_status(response)
@@ -244,11 +253,16 @@ class HubFiles(CheckpointFiles):
                 f"({self.endpoint}/{self.location.repo_id}), then {_TOKEN_HINT}"
             ) from None
         except errors.RepositoryNotFoundError:
-            raise CheckpointError(
+            raise NotOnHub(
                 f"{where}: no repository {self.location.repo_id} on {self.endpoint} (or a private one: "
                 f"{_TOKEN_HINT})"
             ) from None
         except errors.RevisionNotFoundError:
+            if getattr(self, "commit", None):  # every file is read at the commit first resolved
+                raise CheckpointError(
+                    f"{where}: commit {self.commit} is no longer served (the revision moved while it was "
+                    "read): run again to read the new one"
+                ) from None
             raise CheckpointError(
                 f"{where}: {self.location.repo_id} has no revision {self.location.revision!r}"
             ) from None
@@ -265,9 +279,26 @@ class HubFiles(CheckpointFiles):
                     f"{where}: access denied (HTTP {status}): if the repository is gated, accept its "
                     f"terms on its page; {_TOKEN_HINT}"
                 ) from None
-            raise CheckpointError(f"{where}: HTTP {status} from {self.endpoint}") from None
+            tries = f" ({_RETRIES + 1} tries)" if status in _RETRIED_STATUSES else ""
+            raise CheckpointError(f"{where}: HTTP {status} from {self.endpoint}{tries}") from None
         except self.transport_error as error:
-            raise _Incomplete(f"cannot reach {self.endpoint} ({error or type(error).__name__})") from None
+            raise NotOnHub(f"{where}: {self._transport_failure(error)}") from None
+
+    def _transport_failure(self, error: Exception) -> str:
+        """What went wrong on the way to the server, after huggingface_hub's retries."""
+        library = importlib.import_module(type(error).__module__.partition(".")[0])
+        if isinstance(error, getattr(library, "TimeoutException", ())):
+            return (
+                f"no answer from {self.endpoint} within {_TIMEOUT:g} s (set MTPQ_HUB_TIMEOUT for a slow link)"
+            )
+        if isinstance(error, getattr(library, "TooManyRedirects", ())):
+            return f"{self.endpoint} redirects in a loop ({error})"
+        return f"cannot reach {self.endpoint} ({error or type(error).__name__})"
+
+
+class NotOnHub(CheckpointError):
+    """The name could not be read as a Hub repository: no huggingface_hub, no such repository, or no
+    answer from the Hub."""
 
 
 class _Incomplete(CheckpointError):

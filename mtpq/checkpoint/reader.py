@@ -305,7 +305,7 @@ def open_files(location: str | Path) -> CheckpointFiles:
         )
     try:
         return hub.HubFiles(location)
-    except CheckpointError as error:
+    except hub.NotOnHub as error:
         raise CheckpointError(f"no local directory {location}, and as a Hub repository: {error}") from None
 
 
