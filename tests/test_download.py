@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
+import sys
 
 import pytest
 
@@ -22,6 +24,27 @@ def test_verified_download_is_cached_and_reused_offline(index, monkeypatch):
     assert path.read_bytes() == GOOD and path.parent == index.cache / "downloads"
     monkeypatch.setenv("MTPQ_INDEX_URL", "http://127.0.0.1:9")  # nothing listens there
     assert fetch(ARTIFACT) == path
+
+
+def test_a_download_is_announced_with_progress_on_a_terminal_alone(index, capsys, monkeypatch):
+    index.serve("demo", ARTIFACT.filename, GOOD)
+    fetch(ARTIFACT)
+    piped = capsys.readouterr().err
+    (index.cache / "downloads" / ARTIFACT.filename).unlink()
+
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    fetch(ARTIFACT)
+
+    said = f"downloading {ARTIFACT.filename} (0.0 MiB) from {index.url}"
+    ours = [line for line in piped.splitlines() if "downloading" in line]  # the index server logs too
+    assert len(ours) == 1 and ours[0].startswith(said) and "\r" not in piped
+    assert f"{said}" in terminal.getvalue()
+    assert f"\rdownloading {ARTIFACT.filename}: 0.0 MiB of 0.0 MiB (100 %)\n" in terminal.getvalue()
 
 
 def test_tampered_download_is_refused_and_nothing_is_kept(index):
@@ -53,6 +76,8 @@ def test_apply_refuses_a_tampered_sdist_and_builds_no_tree(index, run_apply, pin
     )
     assert done.returncode == 2
     assert "sha256 mismatch" in done.stderr and sdist.sha256 in done.stderr
+    assert f"downloading {sdist.filename} (0.0 MiB) from {index.url}" in done.stderr  # said, plain
+    assert "\r" not in done.stderr
     assert not (index.cache / "src").exists()
     assert not (index.cache / "downloads" / sdist.filename).exists()
 
