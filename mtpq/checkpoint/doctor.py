@@ -268,7 +268,10 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
         return None
     experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
     expert = f"{experts}.{_EXPERT_SHARDS[0]}"
-    if _ignored(checkpoint, expert) is not False or (scheme := _targeting_group(checkpoint, expert)) is None:
+    if (
+        _ignored(checkpoint, expert, version) is not False
+        or (scheme := _targeting_group(checkpoint, expert)) is None
+    ):
         return None
     _, fmt = facts.quantization_format(checkpoint.quantization, scheme)
     if error := facts.moe_kernel_missing(diagnosis.platform, fmt, version):
@@ -418,7 +421,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
         elif not compressed_tensors:
             modules.append(DraftModule(name, stored, runtime, "quantized"))
         else:
-            ignored = _ignored(checkpoint, runtime)
+            ignored = _ignored(checkpoint, runtime, version)
             if ignored is None:
                 modules.append(DraftModule(name, stored, runtime, "mixed"))
             else:
@@ -457,12 +460,16 @@ def _matches_any(name: str, entries: list[str]) -> bool:
     return any(_matches(name, entry) for entry in entries)
 
 
-def _ignored(checkpoint: Checkpoint, runtime: str) -> bool | None:
-    """Whether `ignore` covers the module, as vLLM's should_ignore_layer decides: an entry naming its
-    (fused) linear ignores it; else its shards, all, none, or None for some (vLLM refuses that). An
-    expert layer is decided by expert 0's projections."""
+def _ignored(checkpoint: Checkpoint, runtime: str, version: str) -> bool | None:
+    """Whether `ignore` covers the module, as vLLM's should_ignore_layer decides: an entry for its
+    fused linear's own name ignores it (facts.IGNORE_BY_FUSED_NAME); else its shards, all, none, or
+    None for some (vLLM refuses that). An expert layer is decided by expert 0's projections."""
     _, entries = checkpoint.ignore_entries()
-    if not _EXPERT.match(runtime) and _matches_any(runtime_layer(runtime), entries):
+    layer = runtime_layer(runtime)
+    by_name = facts.since(version, facts.IGNORE_BY_FUSED_NAME)
+    if not _EXPERT.match(runtime) and (
+        layer in entries or (by_name == "matched" and _matches_any(layer, entries))
+    ):
         return True
     found = {_matches_any(shard, entries) for shard in _shards(runtime)}
     return found.pop() if len(found) == 1 else None

@@ -204,6 +204,12 @@ BF16_INTO_QUANTIZED_DRAFT = {
 }
 
 
+# compressed-tensors' should_ignore_layer: the ignore entries that decide a fused linear (qkv_proj,
+# gate_up_proj) by its own name, before its shards are matched: first release -> "listed" (the name
+# itself) or "matched" (also a "re:" entry matching it: config_utils.find_matching_patterns).
+IGNORE_BY_FUSED_NAME = {"0.22.1": "listed", "0.32.0": "matched"}
+
+
 def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple[str, str | None]:
     """(quant_method, format) as BF16_INTO_QUANTIZED_DRAFT keys it."""
     method = quantization.get("quant_method")
