@@ -13,6 +13,7 @@ from pathlib import Path
 
 from mtpq import __version__, output
 from mtpq.apply import installed
+from mtpq.apply.download import DownloadError
 from mtpq.apply.gittree import TreeError
 from mtpq.apply.pin import PinError, load_pins, newest_pin, pin_for
 from mtpq.apply.series import SeriesError, load_series
@@ -138,6 +139,7 @@ def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
         return _graft(args)
     except (
         CheckpointError,
+        DownloadError,
         GraftError,
         SurveyLoadError,
         PinError,

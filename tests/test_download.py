@@ -5,12 +5,14 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import subprocess
 import sys
 
 import pytest
+from conftest import ROOT
 
 from mtpq.apply.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
-from mtpq.apply.pin import Artifact
+from mtpq.apply.pin import Artifact, load_pins
 
 GOOD = b"the pinned artifact\n"
 
@@ -80,6 +82,18 @@ def test_apply_refuses_a_tampered_sdist_and_builds_no_tree(index, run_apply, pin
     assert "\r" not in done.stderr
     assert not (index.cache / "src").exists()
     assert not (index.cache / "downloads" / sdist.filename).exists()
+
+
+def test_mtpq_matrix_says_what_it_downloads_and_refuses_a_tampered_sdist_in_one_line(index):
+    for pin in load_pins().values():
+        index.serve(pin.artifacts["sdist"].project, pin.artifacts["sdist"].filename, b"not the vLLM sdist\n")
+    done = subprocess.run(
+        [sys.executable, "-m", "mtpq", "matrix"], cwd=ROOT, capture_output=True, text=True, env=os.environ
+    )
+    said, error = done.stderr.splitlines()
+    assert done.returncode == 2 and done.stdout == ""
+    assert said.startswith("downloading vllm-") and f"from {index.url}" in said
+    assert error.startswith("error: sha256 mismatch")
 
 
 def test_apply_offline_with_an_empty_cache_says_so(run_apply, tmp_path):
