@@ -38,7 +38,6 @@ class GraftError(ValueError):
 
 @dataclass
 class GraftResult:
-    out: str = ""
     lines: list[str] = field(default_factory=list)
     stock_ok: bool | None = None  # with --stock-vllm: whether stock vLLM serves the result
     facts: dict = field(default_factory=dict)  # what --json prints: what was written, what is needed
@@ -73,10 +72,11 @@ def graft(
     config = copy.deepcopy(quant.config)
     restored = restore_mtp_fields(source.config, config)
 
-    result = GraftResult(out=str(out))
-    made = _make_parents(out)
-    scratch = None
+    result = GraftResult()
+    made: list[Path] = []
+    scratch, written = None, False
     try:
+        made = _make_parents(out)
         scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
         unchanged = _carry_unchanged(quant, scratch, copy_files)
         mtp_file = MTP_FILE if not (quant.directory / MTP_FILE).exists() else f"grafted-{MTP_FILE}"
@@ -112,15 +112,16 @@ def graft(
         needed = still_needed(verdicts, stock_vllm, result.stock_ok)
         result.lines.append(needed)
         _move_into_place(scratch, out, force)
+        written = True
     except OSError as error:
-        _remove_parents(made)
         raise GraftError(f"writing {out} failed ({error}); nothing was written") from None
     except CheckpointError as error:
-        _remove_parents(made)
         raise GraftError(f"--mtp-from: {error}; nothing was written") from None
     finally:
         if scratch is not None:
             shutil.rmtree(scratch, ignore_errors=True)
+        if not written:
+            _remove_parents(made)
     result.facts = {
         "out": str(out),
         "mtp_file": mtp_file,

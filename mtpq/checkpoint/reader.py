@@ -94,8 +94,8 @@ def parse_header(where: str, raw: bytes, file_size: int) -> Header:
         data_end = max(data_end, entry["data_offsets"][1])
     if (declared := 8 + len(raw) + data_end) > file_size:
         raise CheckpointError(
-            f"{where}: {file_size} bytes, shorter than the {declared} bytes its header declares: "
-            "an incomplete download (download the file again)"
+            f"{where}: {file_size} bytes, shorter than the {declared} bytes its header declares "
+            f"(data_offsets up to {data_end}): an incomplete download (download the file again)"
         )
     return Header(where, load_survey().tensor_infos(header), 8 + len(raw), file_size)
 
