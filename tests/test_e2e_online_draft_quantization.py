@@ -19,9 +19,7 @@ ONLINE_METHOD_SUFFIX = "OnlineLinearMethod"
 
 def patched_result(online: OnlineDraftCase, target: str) -> str:
     if target not in online.patched:
-        pytest.skip(
-            f"vLLM {target}'s series refuses online draft quantization at start-up (test_speculative_config.py)"
-        )
+        pytest.skip(f"vLLM {target}'s series refuses online draft quantization (test_speculative_config.py)")
     return online.patched[target]
 
 
