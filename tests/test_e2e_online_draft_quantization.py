@@ -46,4 +46,6 @@ def test_online_draft_quantization(engine_run, engineered_checkpoint, pin, onlin
 def test_stock_vllm_has_no_online_draft_option(engine_run, pin, online):
     patched_result(online, pin.version)
     _, stock = online_draft_runs(online)
-    assert_stock_result(engine_run(stock), STOCK_ONLINE_DRAFT)
+    report = engine_run(stock)
+    assert_stock_result(report, STOCK_ONLINE_DRAFT)
+    assert "draft_quant_config" in report["error"]
