@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A BF16 MTP draft against the same draft quantized online by draft_quant_config (vLLM's online schemes):
-the draft's own parameter bytes, its step time (wall time of one draft-model forward), output tokens/s
-and acceptance, on the engineered checkpoints (INT8 W8A8 main layers, BF16 MTP layer).
+the draft's own weight bytes (embeddings and LM head are the target's), its step time (wall time of
+one draft-model forward), output tokens/s and acceptance, on the engineered checkpoints (INT8 W8A8 main layers, BF16 MTP layer).
 
 Runs as it is on the CPU test bed and on a CUDA machine, with an interpreter whose vLLM has the series
 (`python3 tests/run.py --venv` prints the CPU test bed; on a GPU machine `python3 apply.py --installed`
@@ -62,7 +62,7 @@ def run_engines(batch: dict) -> dict:
 def row(report: dict) -> str:
     if "error" in report:
         return f"refused: {report['error'][:150]}"
-    own_bytes = sum(rank["own_parameter_bytes"] for rank in report["draft_ranks"])
+    own_bytes = sum(rank["own_weight_bytes"] for rank in report["draft_ranks"])
     forwards = [seconds for rank in report["draft_forward_s"] for seconds in rank]
     tokens_per_s = sum(map(len, report["outputs"])) / report["generate_s"]
     methods = sorted(

@@ -179,13 +179,26 @@ def describe_draft(worker) -> dict:
         "draft_quant_decision": decision if decision is None or isinstance(decision, str) else vars(decision),
         "linears": describe_linears(draft),
         "parameter_shapes": {name: list(param.shape) for name, param in draft.named_parameters()},
-        # Embeddings and LM heads are the target's after loading: not the draft's own memory.
-        "own_parameter_bytes": sum(
-            param.numel() * param.element_size()
-            for name, param in draft.named_parameters()
-            if not any(shared in name for shared in ("embed_tokens", "lm_head", "shared_head.head"))
-        ),
+        "own_weight_bytes": own_weight_bytes(draft),
     }
+
+
+def own_weight_bytes(draft) -> int:
+    """Bytes of the draft's own parameters: embeddings and LM heads are the target's after loading. The
+    CPU backend moves an unquantized linear's weight into a prepacked kernel handle and removes the
+    parameter; such a weight counts at its full size in its dtype."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    shared = ("embed_tokens", "lm_head", "shared_head.head")
+    total = sum(
+        param.numel() * param.element_size()
+        for name, param in draft.named_parameters()
+        if not any(part in name for part in shared)
+    )
+    for module in draft.modules():
+        if isinstance(module, LinearBase) and getattr(module, "weight", None) is None:
+            total += module.input_size * module.output_size * module.params_dtype.itemsize
+    return total
 
 
 def time_draft_forwards(worker) -> None:
