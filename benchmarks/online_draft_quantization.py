@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """A BF16 MTP draft against the same draft quantized online by draft_quant_config (vLLM's online schemes):
 the draft's own weight bytes (embeddings and LM head are the target's), its step time (wall time of
-one draft-model forward), output tokens/s and acceptance, on the engineered checkpoints (INT8 W8A8 main layers, BF16 MTP layer).
+one draft-model forward), output tokens/s and acceptance, on the engineered checkpoints (INT8 W8A8 main
+layers, BF16 MTP layer).
 
 Runs as it is on the CPU test bed and on a CUDA machine, with an interpreter whose vLLM has the series
 (`python3 tests/run.py --venv` prints the CPU test bed; on a GPU machine `python3 apply.py --installed`
