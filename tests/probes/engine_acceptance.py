@@ -185,7 +185,7 @@ def describe_draft(worker) -> dict:
 
 def own_weight_bytes(draft) -> int:
     """Bytes of the draft's own parameters: embeddings and LM heads are the target's after loading. The
-    CPU backend moves an unquantized linear's weight into a prepacked kernel handle and removes the
+    CPU backend moves an unquantized linear's weight into a prepacked kernel handle and leaves an empty
     parameter; such a weight counts at its full size in its dtype."""
     from vllm.model_executor.layers.linear import LinearBase
 
@@ -196,7 +196,8 @@ def own_weight_bytes(draft) -> int:
         if not any(part in name for part in shared)
     )
     for module in draft.modules():
-        if isinstance(module, LinearBase) and getattr(module, "weight", None) is None:
+        weight = getattr(module, "weight", None)
+        if isinstance(module, LinearBase) and weight is not None and weight.numel() == 0:
             total += module.input_size * module.output_size * module.params_dtype.itemsize
     return total
 
