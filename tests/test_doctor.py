@@ -84,6 +84,23 @@ def test_each_real_layout_is_found_and_a_bf16_mtp_layer_works_with_the_series(tm
     assert "draft unquantized" in verdict(found, "patched").why
 
 
+@pytest.mark.parametrize(("version", "offered"), [(OLDEST, False), (NEWEST, True)])
+def test_a_bf16_mtp_layer_is_offered_online_draft_quantization_where_the_series_has_it(
+    tmp_path, version, offered
+):
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path,
+        quantized(layout, compressed_tensors("int8", ["lm_head"])),
+        {"model.safetensors": layout.tensors("int8")},
+    )
+
+    fixes = diagnose(tmp_path, version).fixes[version]
+
+    assert any("draft_quant_config 'auto'" in fix for fix in fixes)
+    assert any("online schemes" in fix for fix in fixes) == offered, fixes
+
+
 @pytest.mark.parametrize("name", LAYOUTS)
 def test_more_mtp_layers_declared_than_stored_are_named_and_refused_by_loud_loading(tmp_path, name):
     layout = LAYOUTS[name]

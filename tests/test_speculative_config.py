@@ -21,6 +21,12 @@ BAD_OPTIONS = {
     "bad-fields": ({"quant_method": "compressed-tensors", "config_groups": 7}, ["compressed-tensors"]),
 }
 MTP_TENSOR_PREFIX = "model.mtp_layers."
+# vLLM's online quantization for the BF16 MTP layer, in both forms (names both releases have): the v0.33.0
+# series (0020) builds the draft with it, the v0.22.1 series (0016) refuses it.
+ONLINE_OPTIONS = {
+    "online-shorthand": "int8_per_channel_weight_only",
+    "online-dict": {"quant_method": "online", "moe": "int8_per_channel_weight_only"},
+}
 
 
 def _without_mtp_field(checkpoint):
@@ -73,6 +79,8 @@ def verdicts(vllm_probe, engineered_checkpoint, tmp_path_factory):
         for quant in ("bf16", "int8_w8a8", "w4a16")
         for name, option in OPTIONS.items()
     }
+    for name, option in ONLINE_OPTIONS.items():
+        scenarios[name] = [str(engineered_checkpoint("int8_w8a8")), {**MTP, "draft_quant_config": option}]
     for name, (option, _) in BAD_OPTIONS.items():
         scenarios[name] = [str(engineered_checkpoint("int8_w8a8")), {**MTP, "draft_quant_config": option}]
     ngram = {"method": "ngram", "num_speculative_tokens": 2, "draft_quant_config": "none"}
@@ -112,6 +120,19 @@ def test_explicit_choices_are_taken_as_given(verdicts, option):
 def test_a_quant_config_dict_is_accepted_for_the_draft(verdicts):
     verdict = verdicts("patched")["int8_w8a8-dict"]
     assert "error" not in verdict and verdict["decision"] is None
+
+
+@pytest.mark.parametrize("scenario", ONLINE_OPTIONS)
+def test_online_quantization_of_the_draft_as_the_series_offers_it(verdicts, series_design, scenario):
+    assert "draft_quant_config" in verdicts("unpatched")[scenario]["error"]
+    verdict = verdicts("patched")[scenario]
+    if series_design == "v0.22.1":
+        assert "online quantization of the MTP draft needs vLLM 0.32" in verdict["error"]
+        assert "int8_per_channel_weight_only" in verdict["error"]
+        return
+    assert verdict["decision"] == "online"
+    [line] = [line for line in verdict["log"] if "OnlineQuantizationConfig" in line]
+    assert "moe: int8_per_channel_static" in line and "8 MTP modules stored unquantized" in line
 
 
 def test_the_choice_is_part_of_the_config_hash(verdicts):

@@ -530,6 +530,12 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
             f"vLLM {version} with the mtpq series (apply.py --installed or --wheel, or the images): "
             "draft_quant_config 'auto' (the default)"
         )
+        if not diagnosis.survey.quantized and facts.since(version, facts.ONLINE_DRAFT_QUANTIZATION):
+            found.append(
+                "optional, for the BF16 draft's memory and step time at some acceptance: draft_quant_config "
+                '\'fp8_per_block\' or another of vLLM\'s online schemes (or {"quant_method": "online", '
+                '"linear": ...}); refused at start-up where the platform lacks its kernels'
+            )
         entries, _ = stock_ignore_entries(diagnosis, version)
         if entries:
             found.append(

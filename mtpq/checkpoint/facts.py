@@ -246,3 +246,8 @@ PATCHED_NO_MTP_LAYERS = "speculative method 'mtp' needs MTP layers, but the conf
 PATCHED_PREFIX = "speculative method 'mtp': "
 # Loud loading (v0.22.1 0006, v0.33.0 0004): a draft parameter that received no tensor is an error.
 PATCHED_UNLOADED = "were not initialized from checkpoint"
+
+
+# Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
+# (draft_quant_config = a --quantization shorthand or {"quant_method": "online", ...}; v0.33.0's 0020).
+ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.32.0": True}

@@ -6,7 +6,9 @@ Usage: python engine_acceptance.py RUNS_JSON
                        "tensor_parallel_size": N (default 1), "in_process": bool (default true),
                        "prompts": [[ids]...] (optional), "max_tokens": N (default 32),
                        "engine_args": {...} (optional, more LLM() arguments),
-                       "warmup": bool (default false: generate once untimed first)}, ...}
+                       "warmup": bool (default false: generate once untimed first),
+                       "time_draft": bool (default false: time every draft-model forward of the
+                                     timed generate, with a speculative config)}, ...}
 
 The runs go one after another in this process. In-process runs put the engine core and its worker
 in this process too (VLLM_ENABLE_V1_MULTIPROCESSING=0, the uniprocess executor): importing vLLM is
@@ -177,7 +179,52 @@ def describe_draft(worker) -> dict:
         "draft_quant_decision": decision if decision is None or isinstance(decision, str) else vars(decision),
         "linears": describe_linears(draft),
         "parameter_shapes": {name: list(param.shape) for name, param in draft.named_parameters()},
+        "own_weight_bytes": own_weight_bytes(draft),
     }
+
+
+def own_weight_bytes(draft) -> int:
+    """Bytes of the draft's own parameters: embeddings and LM heads are the target's after loading. The
+    CPU backend moves an unquantized linear's weight into a prepacked kernel handle and leaves an empty
+    parameter; such a weight counts at its full size in its dtype."""
+    from vllm.model_executor.layers.linear import LinearBase
+
+    shared = ("embed_tokens", "lm_head", "shared_head.head")
+    total = sum(
+        param.numel() * param.element_size()
+        for name, param in draft.named_parameters()
+        if not any(part in name for part in shared)
+    )
+    for module in draft.modules():
+        weight = getattr(module, "weight", None)
+        if isinstance(module, LinearBase) and weight is not None and weight.numel() == 0:
+            total += module.input_size * module.output_size * module.params_dtype.itemsize
+    return total
+
+
+def time_draft_forwards(worker) -> None:
+    """On one worker: record the wall time of every forward of its draft model from now on (one per
+    draft step in an eager engine), synchronizing the accelerator around each."""
+    import torch
+
+    draft = worker.model_runner.drafter.model
+    forward = draft.forward
+    synchronize = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    draft.mtpq_forward_s = []
+
+    def timed_forward(*args, **kwargs):
+        synchronize()
+        started = time.perf_counter()
+        output = forward(*args, **kwargs)
+        synchronize()
+        draft.mtpq_forward_s.append(time.perf_counter() - started)
+        return output
+
+    draft.forward = timed_forward
+
+
+def draft_forward_times(worker) -> list[float]:
+    return worker.model_runner.drafter.model.mtpq_forward_s
 
 
 def in_process_executor():
@@ -218,6 +265,9 @@ def run_one(spec: dict, in_process: bool) -> dict:
             requests = [{"prompt_token_ids": prompt} for prompt in prompts]
             if spec.get("warmup"):  # timings: the first generate also pays for one-off warm-up work
                 llm.generate(requests, sampling)
+            timing_draft = spec.get("time_draft") and spec.get("speculative_config")
+            if timing_draft:
+                llm.collective_rpc(time_draft_forwards)
             started = time.monotonic()
             results = llm.generate(requests, sampling)
             generate_s = time.monotonic() - started
@@ -229,6 +279,8 @@ def run_one(spec: dict, in_process: bool) -> dict:
             }
             if spec.get("speculative_config"):
                 report["draft_ranks"] = llm.collective_rpc(describe_draft)
+            if timing_draft:
+                report["draft_forward_s"] = llm.collective_rpc(draft_forward_times)
             return report
         finally:
             # Now, not when the last reference goes: a reported failure's traceback still holds one.
