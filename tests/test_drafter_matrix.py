@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, target_version
-from e2e_cases import ARCHITECTURES, QWEN3_5_CANNOT_RUN, QWEN3_5_FAMILIES
+from e2e_cases import ARCHITECTURES, CANNOT_RUN, QWEN3_5_FAMILIES
 
 from mtpq.apply import gittree
 from mtpq.apply.pin import load_pins
@@ -33,6 +33,7 @@ E2E_TARGETS = {
     "step3p5": "step3p5",
     "qwen3_5": "qwen3_5",
     "qwen3_5_moe": "qwen3_5_moe",
+    "deepseek_v3": "deepseek_v3",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -41,6 +42,7 @@ E2E_FILES = {
     "step3p5": "tests/test_e2e_mtp_acceptance.py",
     "qwen3_5": "tests/test_e2e_qwen3_5.py",
     "qwen3_5_moe": "tests/test_e2e_qwen3_5.py",
+    "deepseek_v3": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {
@@ -70,7 +72,7 @@ DRAFTERS = {drafter.key: drafter for drafter in _target_drafters()}
 
 
 # The end-to-end architectures this session's CPU engine runs.
-E2E_HERE = [*ARCHITECTURES, *(() if TARGET in QWEN3_5_CANNOT_RUN else QWEN3_5_FAMILIES)]
+E2E_HERE = [name for name in (*ARCHITECTURES, *QWEN3_5_FAMILIES) if TARGET not in CANNOT_RUN.get(name, {})]
 
 
 def checked_by(drafter: drafters.Drafter, patched: str, run: dict) -> str:

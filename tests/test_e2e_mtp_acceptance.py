@@ -10,9 +10,11 @@ MTP lossless without a second engine run. The runs of one vLLM variant share one
 from __future__ import annotations
 
 import pytest
-from checkpoints import default_prompts, expected_continuation, load_successor
+from checkpoints import ARCHITECTURES as ARCHITECTURE_CLASSES
+from checkpoints import NUM_HIDDEN_LAYERS, default_prompts, expected_continuation, load_successor
 from e2e_cases import (
     ARCHITECTURES,
+    BAD_LAYOUTS,
     CASES,
     CHOICE_CASES,
     QUANTIZED_MTP,
@@ -120,3 +122,19 @@ def test_a_quantized_mtp_block_loads_as_stock_vllm_builds_it(engine_run, enginee
     assert_full_acceptance_and_lossless(report, engineered_checkpoint, QUANTIZED_MTP)
     assert draft_methods(report) == draft_methods(stock)
     assert "CompressedTensorsLinearMethod" in draft_methods(report)
+
+
+def bad_layout_named(case: Case) -> list[str]:
+    """What the series' error on a bad MTP layout names: the damaged tensor (under the checkpoint's name or
+    the draft's, both ending alike), or the declared MTP layer the checkpoint lacks."""
+    architecture = ARCHITECTURE_CLASSES[case.arch]
+    if case.options["damage"] == "mtp-layers-overdeclared":
+        return [f"MTP speculative decoding layer {NUM_HIDDEN_LAYERS + 1} weights missing from checkpoint"]
+    return [architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")]
+
+
+@pytest.mark.parametrize("case", BAD_LAYOUTS, ids=Case.name)
+def test_a_bad_mtp_layout_is_an_error_naming_it(engine_run, pin, case):
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+    report = engine_run(EngineRun("patched", case, {}))
+    assert all(words in report.get("error", "") for words in bad_layout_named(case)), report
