@@ -508,6 +508,8 @@ def make_checkpoint(
     quantize_mtp: bool = False,
     drop_mtp: bool = False,
     damage: str | None = None,
+    mtp_quant: str | None = None,
+    dequantized_mtp: bool = False,
     seed: int = 0,
 ) -> Path:
     """Write an engineered tiny checkpoint with one MTP layer.
@@ -525,8 +527,13 @@ def make_checkpoint(
     the way quantizers that load the model through a class without MTP modules
     do (llm-compressor, ModelOpt): no MTP tensor and no MTP layer count in
     config.json (with ignore_style="unlisted": only ``lm_head`` and the BF16
-    routed experts are listed).  damage: one of DAMAGES, done to the architecture's damaged_tensor
-    or its MTP layer count.
+    routed experts are listed).  mtp_quant: quantize the MTP block's attention
+    and dense MLP Linears in that format instead, in a config group of their
+    own whose targets name them as the checkpoint does (what llm-compressor's
+    mtp_scheme writes); dequantized_mtp: those Linears stored BF16 instead,
+    their quantized weights dequantized (the reference an own-scheme MTP
+    layer's acceptance is compared with).  damage: one of DAMAGES, done to the
+    architecture's damaged_tensor or its MTP layer count.
     """
     if quant not in QUANT_FORMATS:
         raise ValueError(f"quant must be one of {QUANT_FORMATS}, got {quant!r}")
@@ -538,6 +545,10 @@ def make_checkpoint(
         raise ValueError('drop_mtp needs a quantized format and ignore_style="unlisted"')
     if damage is not None and (damage not in DAMAGES or drop_mtp):
         raise ValueError(f"damage must be one of {DAMAGES}, on a checkpoint without drop_mtp; got {damage!r}")
+    if mtp_quant and (quant == "bf16" or ignore_style != "unlisted" or quantize_mtp or drop_mtp):
+        raise ValueError('mtp_quant needs a quantized format, ignore_style="unlisted" and nothing else')
+    if dequantized_mtp and not mtp_quant:
+        raise ValueError("dequantized_mtp needs mtp_quant")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
@@ -548,9 +559,17 @@ def make_checkpoint(
         modules = architecture.main_quantized_linears
         if quantize_mtp:
             modules = modules + architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
-        tensors, config["quantization_config"] = _compress_linears(
-            tensors, modules, quant, architecture.ignore_list(ignore_style)
+        groups = {"group_0": (modules, quant, ["Linear"])}
+        if mtp_quant:
+            mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
+            groups["mtp_group"] = (mtp_modules, mtp_quant, mtp_modules)
+        tensors, config["quantization_config"] = _compress_groups(
+            tensors, groups, architecture.ignore_list(ignore_style)
         )
+        if dequantized_mtp:
+            tensors, config["quantization_config"] = _dequantized_group(
+                tensors, config["quantization_config"], "mtp_group"
+            )
 
     if drop_mtp:
         tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
@@ -790,6 +809,15 @@ def _write_tokenizer(out: Path) -> None:
 
 def _compress_linears(tensors, modules, quant, ignore):
     """Quantize the given Linears; return tensors and quantization_config."""
+    return _compress_groups(tensors, {"group_0": (modules, quant, ["Linear"])}, ignore)
+
+
+def _compress_groups(tensors, groups, ignore):
+    """Quantize each config group's Linears; return tensors and quantization_config.
+
+    groups: {group name: (Linears, format, the group's targets)}. More than one group is a
+    "mixed-precision" config, each group naming its own format, as compressed-tensors writes it.
+    """
     import compressed_tensors
     from compressed_tensors.compressors import BaseCompressor
     from compressed_tensors.quantization import (
@@ -798,28 +826,33 @@ def _compress_linears(tensors, modules, quant, ignore):
         preset_name_to_scheme,
     )
 
-    preset, compression_format = _COMPRESSED_TENSORS_SCHEMES[quant]
-    scheme = preset_name_to_scheme(preset, targets=["Linear"])
-    compressor = BaseCompressor.get_value_from_registry(compression_format)
-
     compressed = dict(tensors)
-    for module in modules:
-        weight = compressed.pop(f"{module}.weight")
-        scale, zero_point = _observe_weight_qparams(weight, scheme.weights)
-        module_state = compressor.compress(
-            {
-                "weight": weight,
-                "weight_scale": scale,
-                "weight_zero_point": zero_point,
-            },
-            scheme,
-        )
-        for key, value in module_state.items():
-            compressed[f"{module}.{key}"] = value
+    config_groups, formats = {}, set()
+    for group, (modules, quant, targets) in groups.items():
+        preset, compression_format = _COMPRESSED_TENSORS_SCHEMES[quant]
+        scheme = preset_name_to_scheme(preset, targets=targets)
+        if len(groups) > 1:
+            scheme.format = compression_format
+        compressor = BaseCompressor.get_value_from_registry(compression_format)
+        for module in modules:
+            weight = compressed.pop(f"{module}.weight")
+            scale, zero_point = _observe_weight_qparams(weight, scheme.weights)
+            module_state = compressor.compress(
+                {
+                    "weight": weight,
+                    "weight_scale": scale,
+                    "weight_zero_point": zero_point,
+                },
+                scheme,
+            )
+            for key, value in module_state.items():
+                compressed[f"{module}.{key}"] = value
+        config_groups[group] = scheme
+        formats.add(compression_format)
 
     quantization_config = QuantizationConfig(
-        config_groups={"group_0": scheme},
-        format=compression_format,
+        config_groups=config_groups,
+        format=formats.pop() if len(formats) == 1 else "mixed-precision",
         quantization_status=QuantizationStatus.COMPRESSED,
         ignore=ignore,
     )
@@ -832,6 +865,23 @@ def _compress_linears(tensors, modules, quant, ignore):
         **quantization_config.model_dump(mode="json", exclude=["quant_method"]),
     }
     return compressed, config
+
+
+def _dequantized_group(tensors, quantization, group):
+    """The group's Linears stored BF16: their quantized weights dequantized (rounded to BF16), and the
+    group dropped from the config."""
+    targets = quantization["config_groups"][group]["targets"]
+    plain = _decompress(tensors, quantization)
+    kept = {
+        name: value
+        for name, value in tensors.items()
+        if name.rpartition(".")[0] not in targets or name.endswith(".bias")
+    }
+    kept |= {f"{module}.weight": plain[f"{module}.weight"].to(torch.bfloat16) for module in targets}
+    groups = {name: scheme for name, scheme in quantization["config_groups"].items() if name != group}
+    formats = {scheme.get("format") for scheme in groups.values()}
+    fmt = formats.pop() if len(formats) == 1 and None not in formats else quantization["format"]
+    return kept, {**quantization, "config_groups": groups, "format": fmt}
 
 
 def _observe_weight_qparams(weight, args):
@@ -887,14 +937,20 @@ def _decompress(tensors, quantization):
 
     # Dequantize with the scheme's own args: compressed-tensors' decompressors
     # guess the strategy from the scale shape and take a (2, 1) block-scale
-    # grid for per-channel scales.
-    weight_args = QuantizationScheme.model_validate(quantization["config_groups"]["group_0"]).weights
+    # grid for per-channel scales. A group naming a module takes it before the
+    # "Linear" one, as compressed-tensors ranks them.
+    schemes = [QuantizationScheme.model_validate(group) for group in quantization["config_groups"].values()]
+
+    def weight_args(module):
+        named = [scheme for scheme in schemes if module in scheme.targets]
+        return (named or [scheme for scheme in schemes if "Linear" in scheme.targets])[0].weights
+
     plain = {}
     for name, value in tensors.items():
         module, _, kind = name.rpartition(".")
         if kind == "weight_packed":
             shape = torch.Size(tensors[f"{module}.weight_shape"].tolist())
-            value = unpack_from_int32(value, weight_args.num_bits, shape)
+            value = unpack_from_int32(value, weight_args(module).num_bits, shape)
         elif kind != "weight" or f"{module}.weight_scale" not in tensors:
             if kind not in ("weight_scale", "weight_shape"):
                 plain[name] = value
@@ -902,7 +958,7 @@ def _decompress(tensors, quantization):
         plain[f"{module}.weight"] = dequantize(
             value,
             tensors[f"{module}.weight_scale"],
-            args=weight_args,
+            args=weight_args(module),
             dtype=torch.float32,
         )
     return plain

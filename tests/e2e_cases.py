@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3")
@@ -62,7 +63,9 @@ class Case:
         return QWEN3_5_ENGINE_ARGS if self.arch in QWEN3_5_FAMILIES else {}
 
     def cannot_run(self, target: str) -> str | None:
-        """Why the target's CPU engine cannot run this case; None when it can."""
+        """Why the target's CPU engine (or series) cannot run this case; None when it can."""
+        if "mtp_quant" in self.options:
+            return OWN_SCHEME_CANNOT_RUN.get(target) or (None if _has_avx512() else W4A16_NEEDS_AVX512)
         return CANNOT_RUN.get(self.arch, {}).get(target)
 
 
@@ -201,8 +204,9 @@ QWEN3_5_BAD_INPUT = [
         ("mtp-keys-missing", "acceptance 0.0"),
     )
 ]
-# Where draft_quant_config's explicit choices are checked.
-CHOICE_CASES = [CASES[0]]
+# Where draft_quant_config's explicit choices are checked: a BF16 MTP layer `ignore` does not list (one
+# it lists by the checkpoint's names is unquantized with "inherit" too, the series re-keying `ignore`).
+CHOICE_CASES = [CASES[2]]
 # A checkpoint whose MTP block was quantized on purpose: the series must leave it as stock vLLM
 # builds it (the target's quantization), and loud loading must not fire on it.
 QUANTIZED_MTP = Case(
@@ -249,6 +253,44 @@ ONLINE_DRAFT_CASES = [
 ]
 # Stock vLLM has no draft_quant_config field: pydantic's words, after the field's name.
 STOCK_ONLINE_DRAFT = "Unexpected keyword argument"
+
+
+# An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
+# checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
+# Stock MiMo builds the layer under other names (model.layers.N), so in the trunk's scheme, and its
+# tensors do not fit. Each is compared with its reference: the same checkpoint, the MTP Linears stored
+# BF16 as their quantized weights dequantize (own_scheme_reference).
+OWN_SCHEME_MTP = [
+    Case(
+        "mimo",
+        "int8_w8a8",
+        "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight_packed'",
+        {"ignore_style": "unlisted", "mtp_quant": "w4a16"},
+    ),
+    Case(
+        "mimo",
+        "w4a16",
+        "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight'",
+        {"ignore_style": "unlisted", "mtp_quant": "int8_w8a8"},
+    ),
+]
+W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
+
+
+def _has_avx512() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpuinfo.is_file() and "avx512f" in cpuinfo.read_text()
+
+
+# The v0.22.1 series does not re-key the quant config onto the draft's names.
+OWN_SCHEME_CANNOT_RUN = {
+    "0.22.1": "the v0.22.1 series does not build an MTP layer in a scheme of its own (the v0.32.0 one does)"
+}
+
+
+def own_scheme_reference(case: Case) -> Case:
+    return Case(case.arch, case.quant, "acceptance 1.0", {**case.options, "dequantized_mtp": True})
+
 
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
@@ -299,8 +341,17 @@ def online_draft_runs(online: OnlineDraftCase) -> list[EngineRun]:
 
 def _every_engine_run(target: str, newest_target: bool) -> list[EngineRun]:
     runs = [EngineRun("patched", baseline(arch), {}) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT, *BAD_LAYOUTS]:
+    for case in [
+        *CASES,
+        QUANTIZED_MTP,
+        *OWN_SCHEME_MTP,
+        *QUANTIZER_EXPORTS,
+        *QWEN3_5_ALL,
+        *QWEN3_5_BAD_INPUT,
+        *BAD_LAYOUTS,
+    ]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
+    runs += [EngineRun("patched", own_scheme_reference(case), {}) for case in OWN_SCHEME_MTP]
     for case in CHOICE_CASES:
         runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]
     runs += [

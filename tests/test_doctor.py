@@ -15,6 +15,7 @@ import pytest
 from checkpoints import run_mtpq
 from conftest import ROOT
 from header_checkpoints import (
+    COMPRESSED_TENSORS,
     DSV3_FP8_CONFIG,
     INDEX_FILE,
     LAYOUTS,
@@ -214,6 +215,35 @@ def test_a_quantized_mtp_layer_works_as_stock_vllm_builds_it(tmp_path):
 
     assert set(found.modules().values()) - {"BF16"} == {"FP8 block (weight_scale_inv)"}  # eh_proj stays BF16
     assert verdict(found, "stock").kind == verdict(found, "patched").kind == doctor.WORKS
+
+
+@pytest.mark.parametrize(("name", "draft_names_differ"), [("mimo", True), ("deepseek_v3", False)])
+def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names_it_alike(
+    tmp_path, name, draft_names_differ
+):
+    """A W4A16 MTP layer in a config group of its own beside an INT8 trunk, the group's target the
+    checkpoint's MTP prefix: a draft built under other names (MiMo's) takes the trunk's group on stock
+    vLLM and with a series that does not re-key the quant config (v0.22.1's); the v0.33.0 series does."""
+    layout = LAYOUTS[name]
+    mtp_root = "model.mtp_layers.0" if name == "mimo" else f"model.layers.{layout.num_hidden_layers}"
+    quantization = compressed_tensors("int8", ["lm_head"])
+    own_group = {
+        **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
+        "targets": [f"re:{mtp_root}\\..*"],
+    }
+    quantization["config_groups"] = {**quantization["config_groups"], "mtp_group": own_group}
+    write_checkpoint(
+        tmp_path, quantized(layout, quantization), {"model.safetensors": layout.tensors("int8", "w4a16")}
+    )
+
+    found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
+
+    missed = "in another config group than the checkpoint names the MTP layer's own by"
+    for version, flavour in ((OLDEST, "stock"), (OLDEST, "patched"), (NEWEST, "stock")):
+        built = verdict(found, flavour, version)
+        assert (missed in built.why) == draft_names_differ, (version, flavour, built)
+        assert (built.kind == doctor.CRASH) == draft_names_differ, (version, flavour, built)
+    assert verdict(found, "patched", NEWEST).kind == doctor.WORKS
 
 
 # Each MTP module's on-disk format, as the series' survey labels it.

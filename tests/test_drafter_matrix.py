@@ -55,6 +55,9 @@ LOADED_BY = {
 BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33.0": []}
 # Whether the series' loader errors name the drafter class and checkpoint (v0.33.0 series' 0004).
 NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
+# Whether the series builds every drafter's MTP layer in the scheme the checkpoint gives it by its own
+# names (v0.33.0 series' 0014-0019, v0.32.0's 0019a).
+OWN_SCHEME_BY_CHECKPOINT_NAMES = {"0.22.1": False, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
@@ -116,6 +119,7 @@ def live_rows(mtp_drafts, is_mtp_tensor) -> dict[str, dict[str, str]]:
         for run, suffix in ((patched[key], ""), (stock[key], "_stock")):
             rows[key] |= {
                 f"own_scheme{suffix}": drafters.own_scheme_outcome(run),
+                f"own_scheme_pairs{suffix}": drafters.own_scheme_pairs_outcome(run),
                 f"missing_tensor{suffix}": drafters.bad_load_outcome(run, "missing"),
                 f"wrong_shape{suffix}": drafters.bad_load_outcome(run, "wrong_shape"),
             }
@@ -154,9 +158,9 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
 @pytest.mark.parametrize("key", DRAFTERS)
 def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_rows, key):
     """Every on-disk naming the drafter's loader accepts is an MTP tensor to the header survey; a
-    checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it, and so is an
-    MTP layer in a scheme of its own that the draft is not built in; or the draft is not built on CPU
-    (the first test's reason)."""
+    checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it; an MTP layer in
+    a scheme of its own is built in that scheme, in every pair (a series without that: an error naming
+    its tensors); or the draft is not built on CPU (the first test's reason)."""
     row = live_rows[key]
     if row["patched"].startswith(drafters.NOT_BUILT):
         assert row["namings"] == row["own_scheme"] == row["missing_tensor"] == row["wrong_shape"] == "—"
@@ -164,8 +168,12 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
     named = drafters.DRAFTER_NAMED_ERROR if NAMES_THE_DRAFTER[TARGET] else drafters.NAMED_ERROR
     # Checkpoints that lack some of the draft's MTP tensors: the own-scheme one holds a single layer's.
     missing_named = drafters.NAMED_ERROR if key in OWN_MISSING_TENSOR_CHECK else named
-    own_scheme_loads = row["own_scheme"].partition(drafters.FP8_TENSORS_LOAD)[2].strip()
-    assert row["own_scheme"] == drafters.OWN_SCHEME or own_scheme_loads.startswith(missing_named)
+    if OWN_SCHEME_BY_CHECKPOINT_NAMES[TARGET]:
+        assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
+        assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
+    else:
+        own_scheme_loads = row["own_scheme"].partition(drafters.FP8_TENSORS_LOAD)[2].strip()
+        assert row["own_scheme"] == drafters.OWN_SCHEME or own_scheme_loads.startswith(missing_named)
     assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]
     assert row["missing_tensor"].startswith(missing_named), row["missing_tensor"]
     assert row["wrong_shape"].startswith(named), row["wrong_shape"]
@@ -174,7 +182,13 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
 @pytest.mark.parametrize("key", DRAFTERS)
 def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
     assert key in recorded, f"{key} is not in the drafter matrix record"
-    stock_columns = ("stock", "own_scheme_stock", "missing_tensor_stock", "wrong_shape_stock")
+    stock_columns = (
+        "stock",
+        "own_scheme_stock",
+        "own_scheme_pairs_stock",
+        "missing_tensor_stock",
+        "wrong_shape_stock",
+    )
     assert {column: live_rows[key][column] for column in stock_columns} == {
         column: recorded[key].get(column) for column in stock_columns
     }
@@ -263,3 +277,23 @@ def test_own_scheme_rows_tell_apart_own_target_and_mixed_schemes():
         row(int8, int8) == f"{drafters.TARGET_SCHEME}; {drafters.FP8_TENSORS_LOAD} {drafters.LOADS_SILENTLY}"
     )
     assert row(fp8, int8).startswith("1 of 2 layers in its own scheme")
+
+
+def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
+    wna16, int8 = "CompressedTensorsWNA16", "CompressedTensorsW8A8Int8"
+    pairs = {"W4A16 / INT8": {"schemes": {"a": wna16}}, "INT8 / W4A16": {"schemes": {"a": int8}}}
+    own = {"GPTQ INT4 / GPTQ INT8": {"schemes": {"a": "AutoGPTQLinearMethod int4"}}}
+
+    def row(found: dict) -> str:
+        return drafters.own_scheme_pairs_outcome({"own_scheme": {"pairs": found}})
+
+    assert row({**pairs, **own}) == drafters.OWN_SCHEME_EVERY_PAIR
+    assert row({**pairs, "GPTQ INT4 / GPTQ INT8": {"schemes": {}}}) == (
+        "GPTQ INT4 / GPTQ INT8: unquantized, the MTP layer's scheme is not applied"
+    )
+    assert row({"W4A16 / INT8": {"schemes": {"a": int8, "b": int8}}}) == (
+        f"W4A16 / INT8: the target's scheme ({int8})"
+    )
+    assert row({"INT8 / W4A16": {"schemes": {"a": int8, "b": wna16}}}).startswith(
+        "INT8 / W4A16: 1 of 2 layers in its own scheme"
+    )

@@ -17,11 +17,13 @@ from e2e_cases import (
     BAD_LAYOUTS,
     CASES,
     CHOICE_CASES,
+    OWN_SCHEME_MTP,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
     Case,
     EngineRun,
     baseline,
+    own_scheme_reference,
 )
 
 # What an unquantized draft's modules report; "torch.nn.Linear" is a plain torch Linear (some
@@ -79,7 +81,7 @@ def assert_stock_result(report: dict, expected: str) -> None:
         assert expected in report.get("error", ""), report
 
 
-@pytest.mark.parametrize("case", [*CASES, *QUANTIZER_EXPORTS], ids=Case.name)
+@pytest.mark.parametrize("case", [*CASES, *OWN_SCHEME_MTP, *QUANTIZER_EXPORTS], ids=Case.name)
 def test_unpatched_vllm_shows_the_stock_result(engine_run, pin, case):
     assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
 
@@ -138,3 +140,26 @@ def test_a_bad_mtp_layout_is_an_error_naming_it(engine_run, pin, case):
     assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
     report = engine_run(EngineRun("patched", case, {}))
     assert all(words in report.get("error", "") for words in bad_layout_named(case)), report
+
+
+@pytest.mark.parametrize("case", OWN_SCHEME_MTP, ids=Case.name)
+def test_an_mtp_layer_in_a_scheme_of_its_own_drafts_as_its_dequantized_weights_do(
+    engine_run, engineered_checkpoint, case
+):
+    """The MTP layer is built in its own group's scheme (a quantized draft, not the trunk's: stock's
+    load fails, test_unpatched_vllm_shows_the_stock_result) and accepts exactly the drafts of the same
+    checkpoint holding its dequantized weights in BF16, losslessly."""
+    report = engine_run(EngineRun("patched", case, {}))
+    reference = engine_run(EngineRun("patched", own_scheme_reference(case), {}))
+    assert "error" not in report, report["error"]
+    assert "error" not in reference, reference["error"]
+    assert report["draft_tokens"] > 0
+    counts = ("num_drafts", "draft_tokens", "accepted_tokens")
+    assert {key: report[key] for key in counts} == {key: reference[key] for key in counts}
+    assert (
+        report["outputs"]
+        == reference["outputs"]
+        == expected_outputs(engineered_checkpoint(case.quant, case.arch, **case.options))
+    )
+    assert "CompressedTensorsLinearMethod" in draft_methods(report)
+    assert draft_methods(reference) <= UNQUANTIZED

@@ -353,6 +353,17 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
                 "different quantization schemes",
             )
         )
+    keeps_own_scheme = patched and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
+    if not keeps_own_scheme and (
+        missed := [
+            runtime_layer(module.runtime) for module in modules if _own_group_missed(checkpoint, module)
+        ]
+    ):
+        why = (
+            f"the draft builds {_first(missed)} in another config group than the checkpoint names the "
+            "MTP layer's own by: its tensors do not fit"
+        )
+        crashes.append(Verdict(CRASH, why))
     casts, misfits, kernel_gaps = [], [], {}
     for module in modules:
         if module.built != "quantized" or module.stored not in facts.FLOAT_DTYPES:
@@ -477,20 +488,29 @@ def _ignored(checkpoint: Checkpoint, runtime: str, version: str) -> bool | None:
 
 def _targeting_group(checkpoint: Checkpoint, runtime: str) -> dict | None:
     """The config group whose targets take the module, as vLLM's find_matched_target decides: a target
-    naming its (fused) linear, or each of its shards, or the class name "Linear" (every linear, and the
-    fused experts vLLM adds for it). An expert layer is decided by expert 0's gate_proj."""
+    naming its (fused) linear, or each of its shards, before the class name "Linear" (every linear, and
+    the fused experts vLLM adds for it). An expert layer is decided by expert 0's gate_proj."""
     layer, shards = runtime_layer(runtime), _shards(runtime)
     if _EXPERT.match(runtime):
         layer, shards = shards[0], shards[:1]
-    for group in (checkpoint.quantization.get("config_groups") or {}).values():
-        targets = group.get("targets") or []
-        if (
-            "Linear" in targets
-            or _matches_any(layer, targets)
-            or all(_matches_any(shard, targets) for shard in shards)
-        ):
-            return group
-    return None
+    groups = list((checkpoint.quantization.get("config_groups") or {}).values())
+    named = (
+        group
+        for group in groups
+        if _matches_any(layer, targets := group.get("targets") or [])
+        or all(_matches_any(shard, targets) for shard in shards)
+    )
+    by_class = (group for group in groups if "Linear" in (group.get("targets") or []))
+    return next(named, None) or next(by_class, None)
+
+
+def _own_group_missed(checkpoint: Checkpoint, module: DraftModule) -> bool:
+    """A quantized MTP module whose config group by its checkpoint name is not the one its draft name
+    takes: the draft builds it in another scheme than its tensors are stored in."""
+    if module.built != "quantized" or module.stored in facts.FLOAT_DTYPES:
+        return False
+    own = _targeting_group(checkpoint, module.name)
+    return own is not None and own is not _targeting_group(checkpoint, module.runtime)
 
 
 def scheme_label(quantization: dict) -> str:

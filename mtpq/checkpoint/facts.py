@@ -220,6 +220,11 @@ def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple
     return method, None
 
 
+# Series that build each drafter's MTP layer in the config group the checkpoint gives it by its own
+# names (the quant config re-keyed onto the draft's: v0.33.0 series' 0014-0019): first release.
+SERIES_KEEPS_MTP_OWN_SCHEME = {"0.32.0": True}
+
+
 # --- Platforms --------------------------------------------------------------------------------------
 PLATFORMS = ("cuda", "cpu")
 # Draft MoE layers built with a scheme the platform has no MoE kernel for fail when built, before any

@@ -341,6 +341,10 @@ LOADS_SILENTLY = "loads without error"
 OWN_SCHEME = "own scheme (FP8 block)"
 TARGET_SCHEME = "target's scheme (INT8): the MTP layer's group matches no draft layer"
 FP8_TENSORS_LOAD = "its FP8 tensors:"
+# The other scheme pairs the probe builds (MTP layer / target), by what the description of a layer in
+# the MTP layer's scheme reads.
+OWN_SCHEME_MARKERS = {"W4A16 / INT8": "WNA16", "INT8 / W4A16": "Int8", "GPTQ INT4 / GPTQ INT8": "int4"}
+OWN_SCHEME_EVERY_PAIR = "own scheme in every pair"
 _QUANT_SOURCE_WORDS = {
     FROM_VLLM_CONFIG: "`vllm_config.quant_config`",
     FROM_DRAFT_HELPER: "`get_draft_quant_config`",
@@ -421,6 +425,34 @@ def own_scheme_outcome(run: dict) -> str:
     return f"{built}; {FP8_TENSORS_LOAD} {_load_outcome(found['load'])}"
 
 
+def own_scheme_pairs_outcome(run: dict) -> str:
+    """The drafts of the other scheme pairs (MTP layer / target, tests/probes/drafter_matrix.py's
+    OWN_SCHEME_PAIRS): OWN_SCHEME_EVERY_PAIR where every quantized layer of each takes the MTP layer's
+    scheme, else each pair that does not and what its layers take."""
+    pairs = run.get("own_scheme", {}).get("pairs")
+    if not pairs:
+        return "—"
+    missed = []
+    for pair, found in pairs.items():
+        if "build" in found:
+            missed.append(f"{pair}: {outcome(found)}")
+            continue
+        marker = OWN_SCHEME_MARKERS[pair]
+        schemes = list(found["schemes"].values())
+        own = sum(marker in scheme for scheme in schemes)
+        if schemes and own == len(schemes):
+            continue
+        if not schemes:
+            missed.append(f"{pair}: unquantized, the MTP layer's scheme is not applied")
+        elif not own:
+            missed.append(f"{pair}: the target's scheme ({', '.join(sorted(set(schemes)))})")
+        else:
+            missed.append(
+                f"{pair}: {own} of {len(schemes)} layers in its own scheme, the rest in the target's"
+            )
+    return OWN_SCHEME_EVERY_PAIR if not missed else "; ".join(missed)
+
+
 def load_record(path: Path = RECORD) -> dict[str, dict[str, dict[str, str]]]:
     """release -> drafter key -> Row's fields but the drafter."""
     try:
@@ -440,6 +472,8 @@ class Row:
     namings: str = "—"
     own_scheme: str = "—"
     own_scheme_stock: str = "—"
+    own_scheme_pairs: str = "—"
+    own_scheme_pairs_stock: str = "—"
     missing_tensor: str = "—"
     missing_tensor_stock: str = "—"
     wrong_shape: str = "—"
@@ -508,9 +542,10 @@ def loading_table(rows: list[Row]) -> str:
     """The naming, loading and own-scheme checks of the construction probe, with the series / stock."""
     lines = [
         "| drafter | on-disk MTP namings its loader accepts | MTP layer FP8-block in a config group "
-        "of its own, INT8 target: with the series / stock | other MTP tensors missing: with the series "
-        "/ stock | MTP tensor of a wrong shape: with the series / stock |",
-        "|---|---|---|---|---|",
+        "of its own, INT8 target: with the series / stock | MTP layer in a scheme of its own, W4A16 / "
+        "INT8, INT8 / W4A16, GPTQ INT4 / GPTQ INT8: with the series / stock | other MTP tensors missing: "
+        "with the series / stock | MTP tensor of a wrong shape: with the series / stock |",
+        "|---|---|---|---|---|---|",
     ]
     for row in rows:
         cells = (
@@ -520,6 +555,7 @@ def loading_table(rows: list[Row]) -> str:
                 value if value == stock else f"{value} / {stock}"
                 for value, stock in (
                     (row.own_scheme, row.own_scheme_stock),
+                    (row.own_scheme_pairs, row.own_scheme_pairs_stock),
                     (row.missing_tensor, row.missing_tensor_stock),
                     (row.wrong_shape, row.wrong_shape_stock),
                 )

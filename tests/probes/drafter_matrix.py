@@ -176,10 +176,12 @@ MTP_LAYER_PREFIXES = (
     "mtp_layers.",
 )
 # Draft parameters whose naming is tried: one of the MTP block (attention output, else MLP output)
-# and one of its glue (the projection of the concatenated embedding and hidden state).
+# and its glue (the projection of the concatenated embedding and hidden state, or of each).
 NAMED_PARAMETERS = {
     "block": (".o_proj.weight", ".down_proj.weight"),
-    "glue": (".eh_proj.weight", ".fc.weight", ".input_proj.weight"),
+    "glue": (".eh_proj.weight", ".fc.weight", ".input_proj.weight", ".fc_embedding.weight"),
+    # Qwen4-exp projects the hidden state apart from the embedding
+    "hidden_glue": (".fc_hidden.weight",),
 }
 # The MTP layer in a scheme of its own: compressed-tensors FP8 blocks (as official FP8 releases store
 # MTP) beside the target's INT8, its targets naming the MTP layer as the checkpoint does. Blocks of 16
@@ -188,6 +190,16 @@ FP8_BLOCK_16 = {
     **CT_FP8_BLOCK_GROUP,
     "weights": {**CT_FP8_BLOCK_GROUP["weights"], "block_structure": [16, 16]},
     "input_activations": {**CT_FP8_BLOCK_GROUP["input_activations"], "group_size": 16},
+}
+# The target's INT8 W8A8 group, and a W4A16 one (groups of 16 divide every width of the tiny configs).
+INT8_GROUP = {
+    **INT8_W8A8_QUANTIZATION_CONFIG["config_groups"]["group_0"],
+    "format": INT8_W8A8_QUANTIZATION_CONFIG["format"],
+}
+W4A16_GROUP = {
+    "format": "pack-quantized",
+    "targets": ["Linear"],
+    "weights": {"num_bits": 4, "type": "int", "symmetric": True, "strategy": "group", "group_size": 16},
 }
 
 
@@ -416,27 +428,61 @@ def bad_loads(draft, vllm_config, directory: Path, namings: dict) -> dict:
     }
 
 
-def own_scheme_quantization(mtp_roots: list[str]) -> dict:
-    """The target's INT8 W8A8 with an FP8-block group of its own for the MTP layer, which the group's
-    targets name as the checkpoint does (a name match wins over the INT8 group's class match)."""
-    int8 = INT8_W8A8_QUANTIZATION_CONFIG
+def own_scheme_quantization(
+    mtp_roots: list[str], target_group: dict = INT8_GROUP, mtp_group: dict = FP8_BLOCK_16
+) -> dict:
+    """The target's group on every Linear with a group of its own for the MTP layer, which the group's
+    targets name as the checkpoint does (a name match wins over the target group's class match)."""
     return {
-        **int8,
+        "quant_method": "compressed-tensors",
         "format": "mixed-precision",
         "config_groups": {
-            "group_0": {**int8["config_groups"]["group_0"], "format": int8["format"]},
-            "mtp": {**FP8_BLOCK_16, "targets": [f"re:^{re.escape(root)}" for root in mtp_roots]},
+            "group_0": target_group,
+            "mtp": {**mtp_group, "targets": [f"re:^{re.escape(root)}" for root in mtp_roots]},
         },
     }
 
 
-def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
-    """The compressed-tensors scheme of every linear that has one, and the MoE layers' quant methods."""
+def gptq_own_bits_quantization(mtp_roots: list[str]) -> dict:
+    """A GPTQ INT8 target whose MTP layer is INT4: its blocks listed by the checkpoint's names in
+    modules_in_block_to_quantize (what AutoRound writes as block_name_to_quantize), its bits in a
+    dynamic rule."""
     return {
-        name: type(getattr(module, "scheme", None) or module.quant_method).__name__
+        "quant_method": "gptq",
+        "bits": 8,
+        "group_size": 32,
+        "desc_act": False,
+        "sym": True,
+        "modules_in_block_to_quantize": mtp_roots,
+        "dynamic": {f"+:{re.escape(root)}.*": {"bits": 4} for root in mtp_roots},
+    }
+
+
+# The other scheme pairs (MTP layer / target, as drafters.OWN_SCHEME_MARKERS names them), each built
+# with the series and stock.
+OWN_SCHEME_PAIRS = {
+    "W4A16 / INT8": lambda roots: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
+    "INT8 / W4A16": lambda roots: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
+    "GPTQ INT4 / GPTQ INT8": gptq_own_bits_quantization,
+}
+
+
+def _scheme(module: torch.nn.Module) -> str:
+    """A layer's compressed-tensors scheme or quant method, with GPTQ's bits (which dynamic rules set per
+    layer)."""
+    name = type(getattr(module, "scheme", None) or module.quant_method).__name__
+    bits = getattr(getattr(module.quant_method, "quant_config", None), "weight_bits", None)
+    return f"{name} int{bits}" if "GPTQ" in name and bits else name
+
+
+def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
+    """The compressed-tensors scheme of every linear that has one, GPTQ linears' methods, and the MoE
+    layers' quant methods."""
+    return {
+        name: _scheme(module)
         for name, module in draft.named_modules()
         if getattr(module, "scheme", None) is not None
-        or "MoEMethod" in type(getattr(module, "quant_method", None)).__name__
+        or any(kind in type(getattr(module, "quant_method", None)).__name__ for kind in ("MoEMethod", "GPTQ"))
     }
 
 
@@ -456,10 +502,15 @@ def _build(drafter: Drafter, directory: Path, architecture: str):
 
 
 def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
-    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (its
-    roots as the checkpoint names them: the block's and the glue's, Qwen3.5's "mtp."), and how it
+    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (as the
+    checkpoint names them: the block's root, and the glue module, Qwen3.5's "mtp.fc"), and how it
     loads that layer's FP8 weight and block scales for its block parameter."""
-    roots = sorted({naming["accepted"][0][0] for naming in namings.values() if naming["accepted"]})
+    roots = sorted(
+        root if role == "block" else root + rest.removesuffix(".weight")
+        for role, naming in namings.items()
+        if naming["accepted"]
+        for root, rest in naming["accepted"][:1]
+    )
     block = namings.get("block", {})
     if not roots or not block.get("accepted"):
         return {}
@@ -470,19 +521,46 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
         weight: torch.zeros(rows, columns).to(torch.float8_e4m3fn),
         weight.removesuffix("weight") + "weight_scale": torch.ones(-(-rows // 16), -(-columns // 16)),
     }
-    with tempfile.TemporaryDirectory(prefix="mtpq-drafter-") as checkpoint_dir:
-        directory = Path(checkpoint_dir)
-        _write_checkpoint(directory, config, quantization, fp8_tensors)
-        try:
-            draft, vllm_config, _ = _build(drafter, directory, architecture)
-        except Exception as error:  # noqa: BLE001
-            return {"build": _failure_in(directory, error)}
+
+    def own_scheme_built(draft, vllm_config, directory: Path) -> dict:
         return {
             "targets": quantization["config_groups"]["mtp"]["targets"],
             "draft_quant_decision": draft_quant_decision(vllm_config),
             "schemes": describe_schemes(draft),
             "load": _loaded(draft, vllm_config, directory, fp8_tensors),
         }
+
+    found = _built_draft(drafter, config, architecture, quantization, fp8_tensors, own_scheme_built)
+    if "build" not in found:
+        # The other pairs: built only (their MTP tensors stored quantized, `auto` keeps the checkpoint's
+        # quantization), nothing loaded.
+        found["pairs"] = {
+            pair: _built_draft(
+                drafter,
+                config,
+                architecture,
+                quantization_for(roots),
+                fp8_tensors,
+                lambda draft, *_: {"schemes": describe_schemes(draft)},
+            )
+            for pair, quantization_for in OWN_SCHEME_PAIRS.items()
+        }
+    return found
+
+
+def _built_draft(
+    drafter: Drafter, config: dict, architecture: str, quantization: dict, tensors: dict, describe
+) -> dict:
+    """``describe(draft, vllm_config, checkpoint directory)`` of the draft of a checkpoint quantized as
+    ``quantization`` holding ``tensors``, or why it was not built."""
+    with tempfile.TemporaryDirectory(prefix="mtpq-drafter-") as checkpoint_dir:
+        directory = Path(checkpoint_dir)
+        _write_checkpoint(directory, config, quantization, tensors)
+        try:
+            draft, vllm_config, _ = _build(drafter, directory, architecture)
+        except Exception as error:  # noqa: BLE001
+            return {"build": _failure_in(directory, error)}
+        return describe(draft, vllm_config, directory)
 
 
 def build(drafter: Drafter, model_type: str, architecture: str) -> dict:

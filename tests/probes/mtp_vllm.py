@@ -76,6 +76,12 @@ LINEAR_KERNEL_CHOICES = (
     f"{_CT_SCHEMES}.compressed_tensors_w4a4_nvfp4.init_nvfp4_linear_kernel",
     f"{_CT_SCHEMES}.compressed_tensors_w4a4_mxfp4.init_mxfp4_linear_kernel",
 )
+# Weight-only INT4 kernel choices (W4A16, GPTQ; the CPU kernel takes only some layer shapes). These
+# return the kernel class, whose name is read.
+WEIGHT_ONLY_KERNEL_CHOICES = (
+    f"{_CT_SCHEMES}.compressed_tensors_wNa16.choose_mp_linear_kernel",
+    f"{_QUANTIZATION}.auto_gptq.choose_mp_linear_kernel",
+)
 # These return (backend, experts class).
 MOE_KERNEL_CHOICES = (
     f"{_QUANTIZATION}.fp8.select_fp8_moe_backend",
@@ -86,6 +92,8 @@ MOE_KERNEL_CHOICES = (
     f"{_CT_MOE}.compressed_tensors_moe_w4a4_nvfp4.select_nvfp4_moe_backend",
     f"{_CT_MOE}.compressed_tensors_moe_w4a4_mxfp4.select_mxfp4_moe_backend",
     f"{_CT_MOE}.compressed_tensors_moe_wna16.select_wna16_moe_backend",
+    f"{_QUANTIZATION}.auto_gptq.select_wna16_moe_backend",
+    f"{_QUANTIZATION}.moe_wna16.select_wna16_moe_backend",
 )
 
 
@@ -117,12 +125,17 @@ def _resolves(dotted: str) -> bool:
 def kernel_choice_stand_ins() -> list[contextlib.AbstractContextManager]:
     """Stand-ins for every CUDA-bound kernel choice this release makes while building quantized layers."""
     linear = [mock.patch(path) for path in LINEAR_KERNEL_CHOICES if _resolves(path)]
+    weight_only = [
+        mock.patch(path, return_value=mock.MagicMock(__name__="StandInKernel"))
+        for path in WEIGHT_ONLY_KERNEL_CHOICES
+        if _resolves(path)
+    ]
     moe = [
         mock.patch(path, return_value=(mock.MagicMock(), mock.MagicMock()))
         for path in MOE_KERNEL_CHOICES
         if _resolves(path)
     ]
-    return linear + moe
+    return linear + weight_only + moe
 
 
 def cuda_stream_stand_ins() -> list[contextlib.AbstractContextManager]:
