@@ -274,8 +274,12 @@ class Architecture:
     @property
     def mtp_block_linears(self) -> list[str]:
         """The MTP decoder block's Linears: what a quantizer would wrongly touch."""
+        return [*self.quantizable_linears(NUM_HIDDEN_LAYERS), *self.mtp_kept_bf16_linears]
+
+    @property
+    def mtp_kept_bf16_linears(self) -> list[str]:
+        """The MTP block's Linears that stay BF16 beside a quantized MTP layer, as in the main layers."""
         return [
-            *self.quantizable_linears(NUM_HIDDEN_LAYERS),
             *self.attention_linears(NUM_HIDDEN_LAYERS, kept_bf16=True),
             *self.routed_expert_linears(NUM_HIDDEN_LAYERS),
         ]
@@ -530,7 +534,7 @@ def make_checkpoint(
     routed experts are listed).  mtp_quant: quantize the MTP block's attention
     and dense MLP Linears in that format instead, in a config group of their
     own whose targets name them as the checkpoint does (what llm-compressor's
-    mtp_scheme writes); dequantized_mtp: those Linears stored BF16 instead,
+    mtp_scheme writes), its other Linears listed in ``ignore``; dequantized_mtp: those Linears stored BF16 instead,
     their quantized weights dequantized (the reference an own-scheme MTP
     layer's acceptance is compared with).  damage: one of DAMAGES, done to the
     architecture's damaged_tensor or its MTP layer count.
@@ -560,12 +564,12 @@ def make_checkpoint(
         if quantize_mtp:
             modules = modules + architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
         groups = {"group_0": (modules, quant, ["Linear"])}
+        ignore = architecture.ignore_list(ignore_style)
         if mtp_quant:
             mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
             groups["mtp_group"] = (mtp_modules, mtp_quant, mtp_modules)
-        tensors, config["quantization_config"] = _compress_groups(
-            tensors, groups, architecture.ignore_list(ignore_style)
-        )
+            ignore = ignore + architecture.mtp_kept_bf16_linears
+        tensors, config["quantization_config"] = _compress_groups(tensors, groups, ignore)
         if dequantized_mtp:
             tensors, config["quantization_config"] = _dequantized_group(
                 tensors, config["quantization_config"], "mtp_group"
