@@ -534,9 +534,10 @@ def make_checkpoint(
     routed experts are listed).  mtp_quant: quantize the MTP block's attention
     and dense MLP Linears in that format instead, in a config group of their
     own whose targets name them as the checkpoint does (what llm-compressor's
-    mtp_scheme writes), its other Linears listed in ``ignore``; dequantized_mtp: those Linears stored BF16 instead,
-    their quantized weights dequantized (the reference an own-scheme MTP
-    layer's acceptance is compared with).  damage: one of DAMAGES, done to the
+    mtp_scheme writes), its other Linears listed in ``ignore``;
+    dequantized_mtp: those Linears stored BF16 instead, their quantized
+    weights dequantized (the reference an own-scheme MTP layer's acceptance
+    is compared with).  damage: one of DAMAGES, done to the
     architecture's damaged_tensor or its MTP layer count.
     """
     if quant not in QUANT_FORMATS:

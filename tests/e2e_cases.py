@@ -64,9 +64,11 @@ class Case:
 
     def cannot_run(self, target: str) -> str | None:
         """Why the target's CPU engine (or series) cannot run this case; None when it can."""
+        if reason := CANNOT_RUN.get(self.arch, {}).get(target):
+            return reason
         if "mtp_quant" in self.options:
             return OWN_SCHEME_CANNOT_RUN.get(target) or (None if _has_avx512() else W4A16_NEEDS_AVX512)
-        return CANNOT_RUN.get(self.arch, {}).get(target)
+        return None
 
 
 # What quantizers that load the model through a class without MTP modules write: no MTP tensor, no MTP
@@ -257,9 +259,11 @@ STOCK_ONLINE_DRAFT = "Unexpected keyword argument"
 
 # An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
-# Stock MiMo builds the layer under other names (model.layers.N), so in the trunk's scheme, and its
-# tensors do not fit. Each is compared with its reference: the same checkpoint, the MTP Linears stored
+# Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
+# trunk's scheme, and its tensors do not fit; GLM-4.5 and DeepSeek-V3 build it under the checkpoint's
+# names, stock too. Each is compared with its reference: the same checkpoint, the MTP Linears stored
 # BF16 as their quantized weights dequantize (own_scheme_reference).
+AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 OWN_SCHEME_MTP = [
     Case(
         "mimo",
@@ -273,6 +277,23 @@ OWN_SCHEME_MTP = [
         "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight'",
         {"ignore_style": "unlisted", "mtp_quant": "int8_w8a8"},
     ),
+    *[
+        Case(
+            "step3p5",
+            quant,
+            f"KeyError: 'model.layers.2.mtp_block.mlp.down_proj.{stored}'",
+            {"ignore_style": "unlisted", "mtp_quant": mtp_quant},
+        )
+        for quant, mtp_quant, stored in (
+            ("int8_w8a8", "w4a16", "weight_packed"),
+            ("w4a16", "int8_w8a8", "weight"),
+        )
+    ],
+    *[
+        Case(arch, quant, AS_DEQUANTIZED_REFERENCE, {"ignore_style": "unlisted", "mtp_quant": mtp_quant})
+        for arch in ("glm4_moe", "deepseek_v3")
+        for quant, mtp_quant in (("int8_w8a8", "w4a16"), ("w4a16", "int8_w8a8"))
+    ],
 ]
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 

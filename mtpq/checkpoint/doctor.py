@@ -399,8 +399,8 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         why = f"loud loading: {_first(casts)} built {label} get no scales from the BF16 tensors"
         crashes.append(Verdict(CRASH, why, facts.PATCHED_UNLOADED))
     if crashes:
-        known = [crash.error for crash in crashes if crash.error]
-        return Verdict(CRASH, "; ".join(crash.why for crash in crashes), known[0] if known else None)
+        # vLLM raises the first: its words, where known, are what the user sees.
+        return Verdict(CRASH, "; ".join(crash.why for crash in crashes), crashes[0].error)
     if casts:
         return Verdict(
             ZERO, f"the draft builds {_first(casts)} {label}: BF16 weights are cast in, scales never load"
@@ -417,7 +417,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
     modules = []
     for name, stored in diagnosis.modules().items():
         if architecture and name.rpartition(".")[2] in architecture.plain_linears:
-            modules.append(DraftModule(name, stored, None, "unquantized", "a torch.nn.Linear"))
+            modules.append(DraftModule(name, stored, None, "unquantized", "outside the quant config"))
             continue
         if naming is None:
             note = f"how vLLM {version}'s draft builds it is not known here"

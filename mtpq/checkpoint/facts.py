@@ -39,9 +39,16 @@ def _mimo_names(module: str, num_hidden_layers: int) -> str:
     return f"model.layers.{num_hidden_layers + int(index)}.{rest}"
 
 
+# Step3p5MTP._rewrite_spec_layer_name: the MTP layer's modules around its decoder block.
+_STEP3P5_AROUND_BLOCK = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
+
+
 def _step3p5_names(module: str, num_hidden_layers: int) -> str:
-    """Step3p5AMultiTokenPredictorLayer builds its decoder block under `model.layers.{N+i}.mtp_block`."""
+    """Step3p5AMultiTokenPredictorLayer builds its decoder block under `model.layers.{N+i}.mtp_block`,
+    the modules around it under the layer."""
     model, layers, index, rest = module.split(".", 3)
+    if rest.partition(".")[0] in _STEP3P5_AROUND_BLOCK:
+        return module
     return f"{model}.{layers}.{index}.mtp_block.{rest}"
 
 
@@ -61,7 +68,8 @@ class MtpArchitecture:
     layout: str | None = None  # where the checkpoint keeps MTP layer i ({N+i}: after N decoder layers)
     # Checkpoint module -> the prefix the draft builds it with, per release; absent: not established.
     draft_names: dict[str, Callable[[str, int], str]] = field(default_factory=dict)
-    plain_linears: tuple[str, ...] = ()  # built as torch.nn.Linear: no quantization config reaches them
+    # Built as torch.nn.Linear or as an LM head: no quantization config reaches them.
+    plain_linears: tuple[str, ...] = ()
     # The draft's routed experts, known without tensors ({layer}: num_hidden_layers + i).
     draft_experts: str | None = None
     # Stock release -> error words of a draft loader that refuses, per quant_method (fixed by the series).
@@ -113,7 +121,7 @@ ARCHITECTURES = (
         count_source="vLLM's Step3p5Config",
         layout="model.layers.{N+i}.",
         draft_names={"0.22.1": _step3p5_names},
-        plain_linears=("eh_proj",),
+        plain_linears=("eh_proj", "output"),  # shared_head.output loads into a ParallelLMHead
         # Step3p5MTP.load_weights wants every draft parameter but one-element KV-cache scales that
         # do not require grad; compressed-tensors' KV-cache scales do (and it adds zero points).
         stock_loader_refuses={"0.22.1": {"compressed-tensors": _STEP3P5_STRICT_LOADER}},
