@@ -57,7 +57,7 @@ BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33
 NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
 # Whether the series builds every drafter's MTP layer in the scheme the checkpoint gives it by its own
 # names (v0.33.0 series' 0014-0019, v0.32.0's 0019a).
-OWN_SCHEME_BY_CHECKPOINT_NAMES = {"0.22.1": False, "0.32.0": True}
+OWN_SCHEME_BY_CHECKPOINT_NAMES = {"0.22.1": True, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
