@@ -255,25 +255,29 @@ ONLINE_DRAFT_CASES = [
 STOCK_ONLINE_DRAFT = "Unexpected keyword argument"
 
 
+def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
+    """Stock's load of an MTP tensor the trunk's scheme has no parameter for: 0.22.1's MiMo loader raises
+    a bare KeyError, 0.32.0's names the parameter."""
+    name = f"model.mtp_layers.2.mtp_block.mlp.down_proj.{tensor}"
+    return {"0.22.1": f"KeyError: '{name}'", "0.32.0": f"no module or parameter named '{name}'"}
+
+
 # An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo builds the layer under other names (model.layers.N), so in the trunk's scheme, and its
-# tensors do not fit. Each is compared with its reference: the same checkpoint, the MTP Linears stored
-# BF16 as their quantized weights dequantize (own_scheme_reference).
+# tensors do not fit (_stock_own_scheme_load). Each is compared with its reference: the same
+# checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
 OWN_SCHEME_MTP = [
     Case(
         "mimo",
         "int8_w8a8",
-        {
-            "0.22.1": "KeyError: 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight_packed'",
-            "0.32.0": "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight_packed'",
-        },
+        _stock_own_scheme_load("weight_packed"),
         {"ignore_style": "unlisted", "mtp_quant": "w4a16"},
     ),
     Case(
         "mimo",
         "w4a16",
-        "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight'",
+        _stock_own_scheme_load("weight"),
         {"ignore_style": "unlisted", "mtp_quant": "int8_w8a8"},
     ),
 ]

@@ -269,7 +269,9 @@ def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_
     found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
 
     stock_oldest = verdict(found, "stock", OLDEST)
-    assert stock_oldest.kind == doctor.CRASH and "self_attn.qkv_proj in another config group" in stock_oldest.why
+    assert (
+        stock_oldest.kind == doctor.CRASH and "self_attn.qkv_proj in another config group" in stock_oldest.why
+    )
     for version, flavour in ((OLDEST, "patched"), (NEWEST, "stock"), (NEWEST, "patched")):
         assert verdict(found, flavour, version).kind == doctor.WORKS, (version, flavour)
 

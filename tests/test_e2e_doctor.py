@@ -15,6 +15,7 @@ from e2e_cases import (
     ARCHITECTURES,
     CASES,
     GRAFTED,
+    OWN_SCHEME_MTP,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
     QWEN3_5_ALL,
@@ -36,7 +37,14 @@ CHECKED = [
     *[(baseline(arch), "patched") for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)],
     *[
         (case, flavour)
-        for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL, *QWEN3_5_BAD_INPUT]
+        for case in [
+            *CASES,
+            QUANTIZED_MTP,
+            *OWN_SCHEME_MTP,
+            *QUANTIZER_EXPORTS,
+            *QWEN3_5_ALL,
+            *QWEN3_5_BAD_INPUT,
+        ]
         for flavour in ("stock", "patched")
         if (case, flavour) not in NOT_PREDICTED
     ],
