@@ -56,7 +56,7 @@ BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33
 # Whether the series' loader errors name the drafter class and checkpoint (v0.33.0 series' 0004).
 NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
 # Whether the series builds every drafter's MTP layer in the scheme the checkpoint gives it by its own
-# names (v0.33.0 series' 0014-0019, v0.32.0's 0019a).
+# names (v0.33.0 series' 0014-0019, v0.32.0's 0019a, v0.22.1's 0012-0015).
 OWN_SCHEME_BY_CHECKPOINT_NAMES = {"0.22.1": True, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
