@@ -67,7 +67,9 @@ class Case:
         if reason := CANNOT_RUN.get(self.arch, {}).get(target):
             return reason
         if "mtp_quant" in self.options:
-            return OWN_SCHEME_CANNOT_RUN.get(target) or (None if _has_avx512() else W4A16_NEEDS_AVX512)
+            return OWN_SCHEME_CANNOT_RUN.get(self.arch, {}).get(target) or (
+                None if _has_avx512() else W4A16_NEEDS_AVX512
+            )
         return None
 
 
@@ -257,10 +259,17 @@ ONLINE_DRAFT_CASES = [
 STOCK_ONLINE_DRAFT = "Unexpected keyword argument"
 
 
+def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
+    """Stock's load of an MTP tensor the trunk's scheme has no parameter for: 0.22.1's MiMo loader raises
+    a bare KeyError, 0.32.0's names the parameter."""
+    name = f"model.mtp_layers.2.mtp_block.mlp.down_proj.{tensor}"
+    return {"0.22.1": f"KeyError: '{name}'", "0.32.0": f"no module or parameter named '{name}'"}
+
+
 # An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
-# trunk's scheme, and its tensors do not fit; GLM-4.5 and DeepSeek-V3 build it under the checkpoint's
+# trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5 and DeepSeek-V3 build it under the checkpoint's
 # names, stock too. Each is compared with its reference: the same checkpoint, the MTP Linears stored
 # BF16 as their quantized weights dequantize (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
@@ -268,13 +277,13 @@ OWN_SCHEME_MTP = [
     Case(
         "mimo",
         "int8_w8a8",
-        "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight_packed'",
+        _stock_own_scheme_load("weight_packed"),
         {"ignore_style": "unlisted", "mtp_quant": "w4a16"},
     ),
     Case(
         "mimo",
         "w4a16",
-        "no module or parameter named 'model.mtp_layers.2.mtp_block.mlp.down_proj.weight'",
+        _stock_own_scheme_load("weight"),
         {"ignore_style": "unlisted", "mtp_quant": "int8_w8a8"},
     ),
     *[
@@ -303,9 +312,12 @@ def _has_avx512() -> bool:
     return cpuinfo.is_file() and "avx512f" in cpuinfo.read_text()
 
 
-# The v0.22.1 series does not re-key the quant config onto the draft's names.
+# The v0.22.1 series re-keys MiMo's MTP names only (its 0015), not Step-3.5's block.
 OWN_SCHEME_CANNOT_RUN = {
-    "0.22.1": "the v0.22.1 series does not build an MTP layer in a scheme of its own (the v0.32.0 one does)"
+    "step3p5": {
+        "0.22.1": "the v0.22.1 series does not build Step-3.5's MTP block in a scheme of its own: it re-keys "
+        "MiMo's MTP names only (the v0.32.0 series' 0019b does Step-3.5's)"
+    }
 }
 
 

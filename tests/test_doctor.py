@@ -223,7 +223,7 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
 ):
     """A W4A16 MTP layer in a config group of its own beside an INT8 trunk, the group's target the
     checkpoint's MTP prefix: a draft built under other names (MiMo's) takes the trunk's group on stock
-    vLLM and with a series that does not re-key the quant config (v0.22.1's); the v0.33.0 series does."""
+    vLLM; every series re-keys the quant config onto the draft's names."""
     layout = LAYOUTS[name]
     mtp_root = "model.mtp_layers.0" if name == "mimo" else f"model.layers.{layout.num_hidden_layers}"
     quantization = compressed_tensors("int8", ["lm_head"])
@@ -239,11 +239,41 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
     found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
 
     missed = "in another config group than the checkpoint names the MTP layer's own by"
-    for version, flavour in ((OLDEST, "stock"), (OLDEST, "patched"), (NEWEST, "stock")):
-        built = verdict(found, flavour, version)
-        assert (missed in built.why) == draft_names_differ, (version, flavour, built)
-        assert (built.kind == doctor.CRASH) == draft_names_differ, (version, flavour, built)
-    assert verdict(found, "patched", NEWEST).kind == doctor.WORKS
+    for version in (OLDEST, NEWEST):
+        built = verdict(found, "stock", version)
+        assert (missed in built.why) == draft_names_differ, (version, built)
+        assert (built.kind == doctor.CRASH) == draft_names_differ, (version, built)
+        assert verdict(found, "patched", version).kind == doctor.WORKS, version
+
+
+def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_stock_0_22_1(tmp_path):
+    """The MTP layer's group targets its linears by exact (unfused) names, as llm-compressor's mtp_scheme
+    writes them, beside a trunk group on "Linear": stock 0.22.1 ranks the class name before a fused
+    linear's shard names, so qkv_proj takes the trunk's group even where the draft names the layer as
+    the checkpoint does (DeepSeek-V3); 0.32 and every series rank the shard names first."""
+    layout = LAYOUTS["deepseek_v3"]
+    mtp_root = f"model.layers.{layout.num_hidden_layers}."
+    tensors = layout.tensors("int8", "w4a16")
+    quantization = compressed_tensors("int8", ["lm_head"])
+    own_group = {
+        **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
+        "targets": sorted(
+            name.removesuffix(".weight_packed")
+            for name in tensors
+            if name.startswith(mtp_root) and name.endswith(".weight_packed")
+        ),
+    }
+    quantization["config_groups"] = {**quantization["config_groups"], "mtp_group": own_group}
+    write_checkpoint(tmp_path, quantized(layout, quantization), {"model.safetensors": tensors})
+
+    found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
+
+    stock_oldest = verdict(found, "stock", OLDEST)
+    assert (
+        stock_oldest.kind == doctor.CRASH and "self_attn.qkv_proj in another config group" in stock_oldest.why
+    )
+    for version, flavour in ((OLDEST, "patched"), (NEWEST, "stock"), (NEWEST, "patched")):
+        assert verdict(found, flavour, version).kind == doctor.WORKS, (version, flavour)
 
 
 # Each MTP module's on-disk format, as the series' survey labels it.

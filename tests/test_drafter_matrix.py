@@ -55,9 +55,6 @@ LOADED_BY = {
 BYPASSING_WITH_SERIES = {"0.22.1": ["LongCatFlashMTPModel"], "0.32.0": [], "0.33.0": []}
 # Whether the series' loader errors name the drafter class and checkpoint (v0.33.0 series' 0004).
 NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
-# Whether the series builds every drafter's MTP layer in the scheme the checkpoint gives it by its own
-# names (v0.33.0 series' 0014-0019, v0.32.0's 0019a).
-OWN_SCHEME_BY_CHECKPOINT_NAMES = {"0.22.1": False, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
@@ -159,8 +156,8 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
 def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_rows, key):
     """Every on-disk naming the drafter's loader accepts is an MTP tensor to the header survey; a
     checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it; an MTP layer in
-    a scheme of its own is built in that scheme, in every pair (a series without that: an error naming
-    its tensors); or the draft is not built on CPU (the first test's reason)."""
+    a scheme of its own is built in that scheme, in every pair; or the draft is not built on CPU (the
+    first test's reason)."""
     row = live_rows[key]
     if row["patched"].startswith(drafters.NOT_BUILT):
         assert row["namings"] == row["own_scheme"] == row["missing_tensor"] == row["wrong_shape"] == "—"
@@ -168,12 +165,10 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
     named = drafters.DRAFTER_NAMED_ERROR if NAMES_THE_DRAFTER[TARGET] else drafters.NAMED_ERROR
     # Checkpoints that lack some of the draft's MTP tensors: the own-scheme one holds a single layer's.
     missing_named = drafters.NAMED_ERROR if key in OWN_MISSING_TENSOR_CHECK else named
-    if OWN_SCHEME_BY_CHECKPOINT_NAMES[TARGET]:
-        assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
-        assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
-    else:
-        own_scheme_loads = row["own_scheme"].partition(drafters.FP8_TENSORS_LOAD)[2].strip()
-        assert row["own_scheme"] == drafters.OWN_SCHEME or own_scheme_loads.startswith(missing_named)
+    # Every series builds the layer in the scheme the checkpoint gives it by its own names (v0.33.0's
+    # 0014-0019, v0.32.0's 0019a, v0.22.1's 0012-0015).
+    assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
+    assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
     assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]
     assert row["missing_tensor"].startswith(missing_named), row["missing_tensor"]
     assert row["wrong_shape"].startswith(named), row["wrong_shape"]

@@ -354,9 +354,12 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
             )
         )
     keeps_own_scheme = patched and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
+    shards_before_class = patched or bool(facts.since(version, facts.SHARD_NAMES_BEFORE_CLASS))
     if not keeps_own_scheme and (
         missed := [
-            runtime_layer(module.runtime) for module in modules if _own_group_missed(checkpoint, module)
+            runtime_layer(module.runtime)
+            for module in modules
+            if _own_group_missed(checkpoint, module, shards_before_class)
         ]
     ):
         why = (
@@ -486,31 +489,33 @@ def _ignored(checkpoint: Checkpoint, runtime: str, version: str) -> bool | None:
     return found.pop() if len(found) == 1 else None
 
 
-def _targeting_group(checkpoint: Checkpoint, runtime: str) -> dict | None:
+def _targeting_group(checkpoint: Checkpoint, runtime: str, shards_before_class: bool = True) -> dict | None:
     """The config group whose targets take the module, as vLLM's find_matched_target decides: a target
-    naming its (fused) linear, or each of its shards, before the class name "Linear" (every linear, and
-    the fused experts vLLM adds for it). An expert layer is decided by expert 0's gate_proj."""
+    naming its (fused) linear, then each of its shards, then the class name "Linear" (every linear, and
+    the fused experts vLLM adds for it); the class before the shards where `shards_before_class` is
+    False (facts.SHARD_NAMES_BEFORE_CLASS). An expert layer is decided by expert 0's gate_proj."""
     layer, shards = runtime_layer(runtime), _shards(runtime)
     if _EXPERT.match(runtime):
         layer, shards = shards[0], shards[:1]
     groups = list((checkpoint.quantization.get("config_groups") or {}).values())
-    named = (
-        group
-        for group in groups
-        if _matches_any(layer, targets := group.get("targets") or [])
-        or all(_matches_any(shard, targets) for shard in shards)
-    )
-    by_class = (group for group in groups if "Linear" in (group.get("targets") or []))
-    return next(named, None) or next(by_class, None)
+
+    def targets(group: dict) -> list[str]:
+        return group.get("targets") or []
+
+    by_name = (group for group in groups if _matches_any(layer, targets(group)))
+    by_shards = (group for group in groups if all(_matches_any(shard, targets(group)) for shard in shards))
+    by_class = (group for group in groups if "Linear" in targets(group))
+    ranked = (by_name, by_shards, by_class) if shards_before_class else (by_name, by_class, by_shards)
+    return next((group for candidates in ranked for group in candidates), None)
 
 
-def _own_group_missed(checkpoint: Checkpoint, module: DraftModule) -> bool:
+def _own_group_missed(checkpoint: Checkpoint, module: DraftModule, shards_before_class: bool) -> bool:
     """A quantized MTP module whose config group by its checkpoint name is not the one its draft name
     takes: the draft builds it in another scheme than its tensors are stored in."""
     if module.built != "quantized" or module.stored in facts.FLOAT_DTYPES:
         return False
     own = _targeting_group(checkpoint, module.name)
-    return own is not None and own is not _targeting_group(checkpoint, module.runtime)
+    return own is not None and own is not _targeting_group(checkpoint, module.runtime, shards_before_class)
 
 
 def scheme_label(quantization: dict) -> str:

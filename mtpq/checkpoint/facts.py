@@ -229,8 +229,13 @@ def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple
 
 
 # Series that build each drafter's MTP layer in the config group the checkpoint gives it by its own
-# names (the quant config re-keyed onto the draft's: v0.33.0 series' 0014-0019): first release.
-SERIES_KEEPS_MTP_OWN_SCHEME = {"0.32.0": True}
+# names (the quant config re-keyed onto the draft's: v0.22.1 series' 0012-0015, v0.33.0 series'
+# 0014-0019): first release.
+SERIES_KEEPS_MTP_OWN_SCHEME = {"0.22.1": True}
+# compressed-tensors' find_matched_target: a fused linear whose shards a config group names takes that
+# group before a group targeting its class ("Linear"): first release (stock; every series does, the
+# v0.22.1 one by its 0012). Before, a group naming q_proj/k_proj/v_proj lost qkv_proj to "Linear".
+SHARD_NAMES_BEFORE_CLASS = {"0.32.0": True}
 
 
 # --- Platforms --------------------------------------------------------------------------------------
