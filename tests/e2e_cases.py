@@ -270,8 +270,8 @@ def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
 # trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5 and DeepSeek-V3 build it
-# under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same checkpoint, the MTP Linears stored
-# BF16 as their quantized weights dequantize (own_scheme_reference).
+# under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
+# checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 OWN_SCHEME_MTP = [
     Case(
