@@ -149,11 +149,12 @@ CASES = [
         {"ignore_style": "unlisted"},
     ),
 ]
-# Bad MTP layouts (checkpoints.DAMAGES) in an INT8 export: with the series each is an error naming the
-# tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a
-# wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
+# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
+# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
 BAD_LAYOUTS = [
-    Case("deepseek_v3", "int8_w8a8", stock, {"damage": damage})
+    Case(arch, "int8_w8a8", stock, {"damage": damage})
+    for arch in MLA_FAMILIES
     for damage, stock in (
         ("mtp-tensor-missing", "acceptance 0.0"),
         ("mtp-tensor-wrong-shape", "AssertionError"),
@@ -163,7 +164,8 @@ BAD_LAYOUTS = [
 
 # --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
 # GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the INT8 and
-# W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized), the bad layouts.
+# W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized). Its bad
+# layouts are in BAD_LAYOUTS.
 MLA_CASES = [
     Case(
         "glm4_moe_lite",
@@ -178,16 +180,7 @@ MLA_CASES = [
         {"ignore_style": "unlisted"},
     ),
 ]
-MLA_BAD_LAYOUTS = [
-    Case("glm4_moe_lite", "int8_w8a8", stock, {"damage": damage})
-    for damage, stock in (
-        ("mtp-tensor-missing", "acceptance 0.0"),
-        ("mtp-tensor-wrong-shape", "AssertionError"),
-        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
-    )
-]
 CASES += MLA_CASES
-BAD_LAYOUTS += MLA_BAD_LAYOUTS
 # --- end of the multi-head latent attention families ---
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
 # (mtp.*), so an `ignore` that lists them serves stock vLLM; these are the exports whose `ignore` never
