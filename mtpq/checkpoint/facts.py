@@ -163,7 +163,15 @@ ARCHITECTURES = (
     ),
     MtpArchitecture("Qwen3-Next", model_types=("qwen3_next",), layout="mtp."),
     MtpArchitecture("InternS2", model_types=("intern_s2_preview",), count_field="mtp_num_hidden_layers"),
-    MtpArchitecture("GLM-4.5 Lite", architectures=("Glm4MoeLiteForCausalLM",)),
+    # GLM-4.7-Flash: DeepSeek-V3's MTP layout; Glm4MoeLiteMTP builds its block under the checkpoint's names.
+    MtpArchitecture(
+        "GLM-4.5 Lite",
+        architectures=("Glm4MoeLiteForCausalLM",),
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
     MtpArchitecture("GLM-OCR", architectures=("GlmOcrForConditionalGeneration",)),
     MtpArchitecture("ERNIE-4.5 MoE", model_types=("ernie4_5_moe",)),
     MtpArchitecture(
