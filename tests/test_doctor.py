@@ -35,6 +35,7 @@ from mtpq.checkpoint.survey import (
     SurveyLoadError,
     load_survey,
     module_source,
+    series_source,
     series_survey,
     survey_patch,
 )
@@ -230,6 +231,7 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
     own_group = {
         **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
         "targets": [f"re:{mtp_root}\\..*"],
+        "format": "pack-quantized",  # as llm-compressor writes a group beside another format's
     }
     quantization["config_groups"] = {**quantization["config_groups"], "mtp_group": own_group}
     write_checkpoint(
@@ -274,6 +276,69 @@ def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_
     )
     for version, flavour in ((OLDEST, "patched"), (NEWEST, "stock"), (NEWEST, "patched")):
         assert verdict(found, flavour, version).kind == doctor.WORKS, (version, flavour)
+
+
+MIMO_MTP = "model.mtp_layers.0"
+INT8_GROUP = COMPRESSED_TENSORS["int8"]["config_groups"]["group_0"]
+# quantization_config changes -> the MTP layer's on-disk format and what the start-up check says.
+GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
+    "group-matches-no-mtp-module": (
+        {
+            "config_groups": {
+                "group_0": INT8_GROUP,
+                "mtp_group": {**INT8_GROUP, "targets": [f"{MIMO_MTP}.in_proj"]},
+            }
+        },
+        "int8",
+        "config group 'mtp_group' targets ['model.mtp_layers.0.in_proj'] but matches none of the MTP modules",
+    ),
+    "two-groups-claim-one-module": (
+        {
+            "config_groups": {
+                "group_0": INT8_GROUP,
+                "attn_group": {**INT8_GROUP, "targets": [r"re:model\.mtp_layers\.0\..*"]},
+                "mtp_group": {**INT8_GROUP, "targets": [r"re:.*\.input_proj"]},
+            }
+        },
+        "int8",
+        "MTP module model.mtp_layers.0.input_proj (stored as compressed-tensors INT8 in model.safetensors) "
+        "is claimed by config groups 'attn_group'",
+    ),
+    "stored-format-the-scheme-cannot-load": (
+        {},
+        "fp8-block",
+        "is built by config group 'group_0' (target 'Linear') as int-quantized, which cannot load FP8 block",
+    ),
+    "partially-quantized-layer-left-unmatched": (
+        {"ignore": ["lm_head", f"{MIMO_MTP}.self_attn.o_proj"]},
+        "int8",
+        "MTP module model.mtp_layers.0.self_attn.o_proj (stored as compressed-tensors INT8 in "
+        "model.safetensors) is excluded by the config's ignore list, so it would be built unquantized",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER)
+def test_config_groups_that_cannot_build_the_stored_mtp_layer_are_refused_at_start_up_by_the_series(
+    tmp_path, case
+):
+    """The v0.32.0/v0.33.0 series refuse at start-up (their survey's check_mtp_quant_schemes, run
+    here as vLLM runs it); v0.22.1's series has no such check."""
+    change, mtp_fmt, words = GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER[case]
+    layout = LAYOUTS["mimo"]
+    quantization = {**compressed_tensors("int8", ["lm_head"]), **change}
+    write_checkpoint(
+        tmp_path, quantized(layout, quantization), {"model.safetensors": layout.tensors("int8", mtp_fmt)}
+    )
+
+    found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
+
+    for version in ("0.32.0", NEWEST):
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH, refused
+        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert words in refused.error, refused.error
+    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
 
 
 # Each MTP module's on-disk format, as the series' survey labels it.
@@ -459,9 +524,9 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
     # The decision for this test bed's release is taken from the series its vLLM carries.
     import vllm.transformers_utils.mtp_checkpoint as installed
 
-    # The newest series' 0001a appends survey_checkpoint (Hub repositories), which the doctor does
-    # not run: what it runs is the installed file up to there, character for character.
-    assert open(installed.__file__).read().startswith(module_source(survey_patch(pin.series_dir)))
+    # What the doctor runs is the file the series leaves (0001a and 0021 add to it): the installed one,
+    # character for character.
+    assert open(installed.__file__).read() == series_source(pin.series_dir)
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
 
 

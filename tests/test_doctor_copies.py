@@ -20,7 +20,7 @@ import pytest
 from conftest import ROOT, target_version
 from survey_cases import mutate, random_header
 
-from mtpq.checkpoint import doctor, facts, reader
+from mtpq.checkpoint import doctor, facts, matching, reader
 
 vllm_utils = pytest.importorskip("vllm.transformers_utils.utils")
 with_patch_0000 = pytest.mark.skipif(
@@ -156,6 +156,25 @@ def test_ignore_and_targets_match_as_vllms_compressed_tensors_matcher_does():
                 targets,
             )
     assert all(compared.values()), compared
+
+
+def test_the_matchers_the_series_start_up_check_runs_on_without_vllm_are_vllms():
+    """The survey's check_mtp_quant_schemes imports vLLM's compressed-tensors matchers; the doctor
+    serves it mtpq.checkpoint.matching instead (unfused checkpoint names, no fused mapping)."""
+    # vLLM 0.22.1 keeps it private in compressed_tensors.utils; 0.32 imports config_utils' there.
+    vllms_match = getattr(ct_utils, "is_equal_or_regex_match", None) or ct_utils._is_equal_or_regex_match
+    rng = random.Random(30)
+    for _ in range(2000):
+        targets = [random_entry(rng) for _ in range(rng.randrange(4))] + rng.choice([[], ["Linear"]])
+        rng.shuffle(targets)
+        name = f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}"
+        module = rng.choice([Linear(), QKVParallelLinear(), object()])
+        assert matching.should_ignore_layer(name, targets) == ct_utils.should_ignore_layer(name, targets)
+        assert matching.find_matched_target(name, module, targets) == ct_utils.find_matched_target(
+            name, module, targets
+        ), (name, targets)
+        for target in targets:
+            assert matching.is_equal_or_regex_match(name, target) == vllms_match(name, target)
 
 
 # --- the words of vLLM's errors ----------------------------------------------------------------------

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mtpq.apply.pin import load_pins
-from mtpq.checkpoint import facts
+from mtpq.checkpoint import facts, matching
 from mtpq.checkpoint.reader import (
     Checkpoint,
     CheckpointError,
@@ -328,6 +328,14 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
         return Verdict(CRASH, "draft_quant_config 'auto' refuses the mixed layout", str(error))
     if getattr(decision, "block", None) == "none" or getattr(decision, "quant_config", None) == "none":
         return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
+    # A series that checks which config group builds each quantized MTP module refuses at start-up.
+    if check := getattr(survey, "check_mtp_quant_schemes", None):
+        config_file = f"{checkpoint.name}/config.json"
+        try:
+            check(found, checkpoint.quantization, checkpoint.num_hidden_layers, config_file)
+        except survey.MtpQuantSchemeError as error:
+            why = "draft_quant_config 'auto' refuses the config groups for the MTP layer"
+            return Verdict(CRASH, why, f"draft_quant_config='auto': {error}")
     return _draft_verdict(diagnosis, version, patched=True)
 
 
@@ -467,7 +475,7 @@ def _shards(runtime: str) -> list[str]:
 
 
 def _matches(name: str, entry: str) -> bool:
-    return bool(re.match(entry[3:], name)) if entry.startswith("re:") else entry == name
+    return matching.is_equal_or_regex_match(name, entry)
 
 
 def _matches_any(name: str, entries: list[str]) -> bool:

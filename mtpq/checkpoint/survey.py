@@ -1,15 +1,17 @@
 """The MTP header survey patched vLLM runs, loaded out of the patch that adds it.
 
 The series adds `vllm/transformers_utils/mtp_checkpoint.py` (MTP tensor names, their on-disk formats,
-the files to read, the draft's quantization decision). The doctor and graft run that very file: its
-source is the `+` lines of the new-file patch, executed as a module, so there is one copy of the
-classification and the doctor judges a checkpoint exactly as patched vLLM does, from the headers it
-reads itself (mtpq.checkpoint.reader). Finding MTP tensors is the newest series' module; the draft's
-quantization decision, which the series differ on, is taken from the module of the series serving
-the release judged (`series_survey`).
+the files to read, the draft's quantization decision, the start-up check of the config groups that
+build the MTP modules). The doctor and graft run that very file: its source is the `+` lines of the
+new-file patch with the hunks of the series' later patches to it applied, executed as a module, so
+there is one copy of the classification and the doctor judges a checkpoint exactly as patched vLLM
+does, from the headers it reads itself (mtpq.checkpoint.reader). Finding MTP tensors is the newest
+series' module; the draft's quantization decision, which the series differ on, is taken from the
+module of the series serving the release judged (`series_survey`).
 
-It needs neither vLLM (imported there only inside the functions that read files, which the doctor
-does not call) nor the third-party `regex` package, which vLLM's lint requires in place of `re`: its
+It needs neither vLLM (imported there only inside functions: those that read files, which the doctor
+does not call, and the config-group check, whose compressed-tensors matchers mtpq.checkpoint.matching
+serves) nor the third-party `regex` package, which vLLM's lint requires in place of `re`: its
 `import regex` is served by the standard library's `re`, which accepts the module's patterns.
 """
 
@@ -26,10 +28,17 @@ from types import ModuleType
 
 from mtpq.apply.pin import newest_pin
 from mtpq.apply.series import SeriesError, load_series
+from mtpq.checkpoint import matching
 
 SURVEY_PATH = "vllm/transformers_utils/mtp_checkpoint.py"
 MODULE_NAME = "mtpq._vllm_mtp_checkpoint"
 _NEW_FILE_HUNK = re.compile(r"^@@ -0,0 \+1(?:,(\d+))? @@", re.MULTILINE)
+_HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@.*$", re.MULTILINE)
+# The vLLM modules the survey imports inside its config-group check, served without vLLM.
+_SERVED = {
+    "vllm.model_executor.layers.quantization.compressed_tensors.utils": matching,
+    "vllm.model_executor.layers.quantization.utils.config_utils": matching,
+}
 _NO_NEWLINE = "\\ No newline at end of file"
 
 
@@ -37,17 +46,22 @@ class SurveyLoadError(ValueError):
     """The patch holding the survey is missing or damaged."""
 
 
-def survey_patch(series_dir: Path | None = None) -> Path:
-    """The patch of the (newest) series that adds the survey module."""
+def survey_patches(series_dir: Path | None = None) -> tuple[Path, ...]:
+    """The patches of the (newest) series to the survey module: the one adding it, then the rest."""
     directory = series_dir or newest_pin().series_dir
     try:
         series = load_series(directory)
     except SeriesError as error:
         raise SurveyLoadError(f"cannot load the MTP survey: {error}") from None
-    adding = [patch.path for patch in series.patches if SURVEY_PATH in patch.files]
-    if not adding:
+    touching = tuple(patch.path.resolve() for patch in series.patches if SURVEY_PATH in patch.files)
+    if not touching:
         raise SurveyLoadError(f"cannot load the MTP survey: no patch in {directory} adds {SURVEY_PATH}")
-    return adding[0]
+    return touching
+
+
+def survey_patch(series_dir: Path | None = None) -> Path:
+    """The patch of the (newest) series that adds the survey module."""
+    return survey_patches(series_dir)[0]
 
 
 def module_source(patch: Path) -> str:
@@ -71,25 +85,68 @@ def module_source(patch: Path) -> str:
     return source if lines[length : length + 1] == [_NO_NEWLINE] else source + "\n"
 
 
+def with_hunks(source: str, patch: Path) -> str:
+    """`source` with the patch's hunks to the survey module applied: exactly, no offset, no fuzz."""
+    where = f"cannot load the MTP survey from {patch}"
+    try:
+        text = patch.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise SurveyLoadError(f"{where}: {error}") from None
+    start = text.find(f"diff --git a/{SURVEY_PATH} b/{SURVEY_PATH}\n")
+    end = text.find("\ndiff --git ", start + 1)
+    diff = text[start : end if end > 0 else len(text)].split("\n")
+    lines, shift = source.splitlines(), 0
+    for index, line in enumerate(diff):
+        if not (hunk := _HUNK.match(line)):
+            continue
+        first, old_count, new_count = int(hunk[1]), int(hunk[2] or 1), int(hunk[3] or 1)
+        old, new = [], []
+        for row in diff[index + 1 :]:
+            if len(old) == old_count and len(new) == new_count or row[:1] not in (" ", "-", "+", "\\"):
+                break
+            if row[:1] in (" ", "-"):
+                old.append(row[1:])
+            if row[:1] in (" ", "+"):
+                new.append(row[1:])
+        at = first - 1 + shift
+        if len(old) != old_count or len(new) != new_count or lines[at : at + old_count] != old:
+            raise SurveyLoadError(f"{where}: its hunk at line {first} does not apply to {SURVEY_PATH}")
+        lines[at : at + old_count] = new
+        shift += new_count - old_count
+    return "\n".join(lines) + "\n"
+
+
 def _import_with_stdlib_regex(name, *args, **kwargs):
+    if name in _SERVED:
+        return _SERVED[name]
     return re if name == "regex" else builtins.__import__(name, *args, **kwargs)
 
 
 def load_survey(patch: Path | None = None) -> ModuleType:
-    """The survey module, executed from the patch (the newest series' by default)."""
-    return _load((patch or survey_patch()).resolve())
+    """The survey module the newest series leaves, or the one `patch` adds."""
+    return _load((patch.resolve(),) if patch else survey_patches())
 
 
 def series_survey(series_dir: Path) -> ModuleType:
-    """The survey module of one series (a series that reuses another's patch gets the same module)."""
-    return load_survey(survey_patch(series_dir))
+    """The survey module of one series (a series that reuses another's patches gets the same module)."""
+    return _load(survey_patches(series_dir))
+
+
+def series_source(series_dir: Path | None = None) -> str:
+    """The survey module's source as the (newest) series leaves it."""
+    return _source(survey_patches(series_dir))
+
+
+def _source(patches: tuple[Path, ...]) -> str:
+    return functools.reduce(with_hunks, patches[1:], module_source(patches[0]))
 
 
 @functools.cache
-def _load(patch: Path) -> ModuleType:
-    source = module_source(patch)
-    # One module per patch file: series differ (their draft quantization decisions do).
-    name = f"{MODULE_NAME}_{hashlib.sha256(str(patch).encode()).hexdigest()[:12]}"
+def _load(patches: tuple[Path, ...]) -> ModuleType:
+    patch = patches[-1]
+    source = _source(patches)
+    # One module per series of patches: series differ (their draft quantization decisions do).
+    name = f"{MODULE_NAME}_{hashlib.sha256(str(patches).encode()).hexdigest()[:12]}"
     module = importlib.util.module_from_spec(importlib.util.spec_from_loader(name, loader=None))
     module.__file__ = f"{patch}:{SURVEY_PATH}"
     module.__builtins__ = {**vars(builtins), "__import__": _import_with_stdlib_regex}
