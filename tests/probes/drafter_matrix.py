@@ -429,16 +429,17 @@ def bad_loads(draft, vllm_config, directory: Path, namings: dict) -> dict:
 
 
 def own_scheme_quantization(
-    mtp_names: list[str], target_group: dict = INT8_GROUP, mtp_group: dict = FP8_BLOCK_16, exact: bool = False
+    mtp_roots: list[str], target_group: dict = INT8_GROUP, mtp_group: dict = FP8_BLOCK_16
 ) -> dict:
     """The target's group on every Linear with a group of its own for the MTP layer, which the group's
-    targets name as the checkpoint does (a name match wins over the target group's class match): each
-    module by its exact name, or (exact False) every module under each root by a ``re:`` pattern."""
-    targets = mtp_names if exact else [f"re:^{re.escape(root)}" for root in mtp_names]
+    targets name as the checkpoint does (a name match wins over the target group's class match)."""
     return {
         "quant_method": "compressed-tensors",
         "format": "mixed-precision",
-        "config_groups": {"group_0": target_group, "mtp": {**mtp_group, "targets": targets}},
+        "config_groups": {
+            "group_0": target_group,
+            "mtp": {**mtp_group, "targets": [f"re:^{re.escape(root)}" for root in mtp_roots]},
+        },
     }
 
 
@@ -458,11 +459,26 @@ def gptq_own_bits_quantization(mtp_roots: list[str]) -> dict:
 
 
 # The other scheme pairs (MTP layer / target, as drafters.OWN_SCHEME_MARKERS names them), each built
-# with the series and stock.
+# with the series and stock: (its quantization config from the MTP roots, the tensors of an (rows,
+# columns) MTP weight stored in the MTP layer's format, keyed by the weight's name without "weight").
 OWN_SCHEME_PAIRS = {
-    "W4A16 / INT8": lambda roots: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
-    "INT8 / W4A16": lambda roots: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
-    "GPTQ INT4 / GPTQ INT8": gptq_own_bits_quantization,
+    "W4A16 / INT8": (
+        lambda roots: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
+        lambda rows, columns: {
+            "weight_packed": torch.zeros(rows, columns // 8, dtype=torch.int32),
+            "weight_scale": torch.ones(rows, columns // 16, dtype=torch.bfloat16),
+            "weight_shape": torch.tensor([rows, columns]),
+        },
+    ),
+    "INT8 / W4A16": (
+        lambda roots: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
+        lambda rows, columns: {
+            "weight": torch.zeros(rows, columns, dtype=torch.int8),
+            "weight_scale": torch.ones(rows, 1),
+        },
+    ),
+    # GPTQ's config is not checked against the stored format: its FP8 tensors stand in.
+    "GPTQ INT4 / GPTQ INT8": (gptq_own_bits_quantization, None),
 }
 
 
@@ -500,42 +516,10 @@ def _build(drafter: Drafter, directory: Path, architecture: str):
     return draft, vllm_config, mla_wrapper.called
 
 
-# How checkpoints name the shards of the linears vLLM fuses (what a quantizer's module names are).
-CHECKPOINT_SHARDS = {
-    "qkv_proj": ("q_proj", "k_proj", "v_proj"),
-    "gate_up_proj": ("gate_proj", "up_proj"),
-    "fused_qkv_a_proj": ("q_a_proj", "kv_a_proj_with_mqa"),
-}
-
-
-def checkpoint_module_names(linears: dict[str, str], namings: dict) -> list[str]:
-    """Every quantizable linear of the draft's MTP block and glue as the checkpoint names it (fused
-    linears as their shards): the exact names llm-compressor's mtp_scheme writes as a group's targets.
-    The block's draft prefix and its checkpoint root come from the block parameter's accepted naming."""
-    block = namings["block"]
-    root, rest = block["accepted"][0]
-    draft_prefix = block["parameter"].removesuffix(rest)
-    names = [
-        root + rest.removesuffix(".weight")
-        for role, naming in namings.items()
-        if role != "block" and naming["accepted"]
-        for root, rest in naming["accepted"][:1]
-    ]
-    for module, method in linears.items():
-        if not module.startswith(draft_prefix) or "Linear" not in method or method == "torch.nn.Linear":
-            continue
-        parent, _, leaf = module.removeprefix(draft_prefix).rpartition(".")
-        for shard in CHECKPOINT_SHARDS.get(leaf, (leaf,)):
-            names.append(f"{root}{parent}.{shard}" if parent else root + shard)
-    return sorted(set(names))
-
-
-def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict, linears: dict) -> dict:
-    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own, its
-    targets the exact checkpoint names of the layer's linears (as llm-compressor's mtp_scheme writes
-    them), and how it loads that layer's FP8 weight and block scales for its block parameter. The other
-    scheme pairs target the layer by ``re:`` patterns of its roots (the block's, and the glue module's,
-    Qwen3.5's "mtp.fc")."""
+def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
+    """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (as the
+    checkpoint names them: the block's root, and the glue module, Qwen3.5's "mtp.fc"), and how it
+    loads that layer's FP8 weight and block scales for its block parameter."""
     roots = sorted(
         root if role == "block" else root + rest.removesuffix(".weight")
         for role, naming in namings.items()
@@ -545,7 +529,7 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict,
     block = namings.get("block", {})
     if not roots or not block.get("accepted"):
         return {}
-    quantization = own_scheme_quantization(checkpoint_module_names(linears, namings), exact=True)
+    quantization = own_scheme_quantization(roots)
     weight = "".join(block["accepted"][0])
     rows, columns = block["shape"]
     fp8_tensors = {
@@ -565,16 +549,19 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict,
     if "build" not in found:
         # The other pairs: built only (their MTP tensors stored quantized, `auto` keeps the checkpoint's
         # quantization), nothing loaded.
+        base = weight.removesuffix("weight")
         found["pairs"] = {
             pair: _built_draft(
                 drafter,
                 config,
                 architecture,
                 quantization_for(roots),
-                fp8_tensors,
+                {base + key: value for key, value in stored(rows, columns).items()}
+                if stored
+                else fp8_tensors,
                 lambda draft, *_: {"schemes": describe_schemes(draft)},
             )
-            for pair, quantization_for in OWN_SCHEME_PAIRS.items()
+            for pair, (quantization_for, stored) in OWN_SCHEME_PAIRS.items()
         }
     return found
 
@@ -623,7 +610,7 @@ def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
             "namings": accepted_namings(draft, hidden_layers),
         }
         result["bad_loads"] = bad_loads(draft, vllm_config, directory, result["namings"])
-    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"], result["linears"])
+    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"])
     return result
 
 
