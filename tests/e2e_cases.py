@@ -300,56 +300,34 @@ def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
 # under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
 # checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
+# The pairs: the trunk's format, the MTP layer's, and the MTP tensor a draft built in the trunk's
+# scheme has no parameter for.
+OWN_SCHEME_PAIRS = (("int8_w8a8", "w4a16", "weight_packed"), ("w4a16", "int8_w8a8", "weight"))
+
+
+def _own_scheme_cases(arch: str, stock) -> list[Case]:
+    """A family's case for each pair; stock(that tensor) is stock vLLM's outcome."""
+    options = {"ignore_style": "unlisted"}
+    return [
+        Case(arch, quant, stock(tensor), {**options, "mtp_quant": mtp_quant})
+        for quant, mtp_quant, tensor in OWN_SCHEME_PAIRS
+    ]
+
+
 OWN_SCHEME_MTP = [
-    Case(
-        "mimo",
-        "int8_w8a8",
-        _stock_own_scheme_load("weight_packed"),
-        {"ignore_style": "unlisted", "mtp_quant": "w4a16"},
+    *_own_scheme_cases("mimo", _stock_own_scheme_load),
+    *_own_scheme_cases(
+        "step3p5", lambda tensor: f"KeyError: 'model.layers.2.mtp_block.mlp.down_proj.{tensor}'"
     ),
-    Case(
-        "mimo",
-        "w4a16",
-        _stock_own_scheme_load("weight"),
-        {"ignore_style": "unlisted", "mtp_quant": "int8_w8a8"},
+    # Stock 0.22.1 ranks the fused shared-expert linear's class before its shard names.
+    *_own_scheme_cases(
+        "glm4_moe",
+        lambda tensor: {
+            "0.22.1": f"KeyError: 'model.layers.2.mtp_block.mlp.shared_experts.gate_up_proj.{tensor}'",
+            "0.32.0": AS_DEQUANTIZED_REFERENCE,
+        },
     ),
-    *[
-        Case(
-            "step3p5",
-            quant,
-            f"KeyError: 'model.layers.2.mtp_block.mlp.down_proj.{stored}'",
-            {"ignore_style": "unlisted", "mtp_quant": mtp_quant},
-        )
-        for quant, mtp_quant, stored in (
-            ("int8_w8a8", "w4a16", "weight_packed"),
-            ("w4a16", "int8_w8a8", "weight"),
-        )
-    ],
-    *[
-        Case(
-            "glm4_moe",
-            quant,
-            # Stock 0.22.1 ranks the fused shared-expert linear's class before its shard names.
-            {
-                "0.22.1": f"KeyError: 'model.layers.2.mtp_block.mlp.shared_experts.gate_up_proj.{stored}'",
-                "0.32.0": AS_DEQUANTIZED_REFERENCE,
-            },
-            {"ignore_style": "unlisted", "mtp_quant": mtp_quant},
-        )
-        for quant, mtp_quant, stored in (
-            ("int8_w8a8", "w4a16", "weight_packed"),
-            ("w4a16", "int8_w8a8", "weight"),
-        )
-    ],
-    *[
-        Case(
-            "deepseek_v3",
-            quant,
-            AS_DEQUANTIZED_REFERENCE,
-            {"ignore_style": "unlisted", "mtp_quant": mtp_quant},
-        )
-        for quant, mtp_quant in (("int8_w8a8", "w4a16"), ("w4a16", "int8_w8a8"))
-    ],
+    *_own_scheme_cases("deepseek_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
 ]
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 
