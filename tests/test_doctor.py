@@ -259,6 +259,7 @@ def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_
     quantization = compressed_tensors("int8", ["lm_head"])
     own_group = {
         **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
+        "format": "pack-quantized",  # beside the trunk's int-quantized, as llm-compressor writes it
         "targets": sorted(
             name.removesuffix(".weight_packed")
             for name in tensors
