@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 from conftest import ROOT, target_version
-from e2e_cases import ARCHITECTURES, CANNOT_RUN, QWEN3_5_FAMILIES
+from e2e_cases import ARCHITECTURES, CANNOT_RUN, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
 from mtpq.apply import gittree
 from mtpq.apply.pin import load_pins
@@ -97,7 +97,7 @@ def checked_by(drafter: drafters.Drafter, patched: str, run: dict) -> str:
         why = "the draft is not built on CPU (the row says why)"
     elif drafter.key in ENGINE_LIMITS.get(TARGET, {}):
         why = ENGINE_LIMITS[TARGET][drafter.key]
-    elif run.get("mla"):
+    elif run.get("mla") and TARGET in MLA_CANNOT_RUN:
         why = "the CPU platform has no multi-head latent attention"
     else:
         why = "no end-to-end case for this architecture yet"
