@@ -352,7 +352,7 @@ def own_scheme_reference(case: Case) -> Case:
 
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
-TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
+TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], CASES[15], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
 # Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
 TENSOR_PARALLEL_STOCK_CASES = [CASES[0], QWEN3_5_CASES[0]]
 

@@ -29,8 +29,9 @@ def test_every_rank_builds_and_loads_the_bf16_draft_shards(engine_run, engineere
     # The ranks hold halves: a column-parallel projection is half as wide as on one rank.
     single = engine_run(EngineRun("patched", case, {}))["draft_ranks"][0]["parameter_shapes"]
     sharded = ranks[0]["parameter_shapes"]
-    qkv = next(name for name in single if name.endswith("qkv_proj.weight"))
-    assert sharded[qkv][0] * TENSOR_PARALLEL_SIZE == single[qkv][0]
+    # qkv_proj, or multi-head latent attention's kv_b_proj: column-parallel either way.
+    column = next(name for name in single if name.endswith(("qkv_proj.weight", "kv_b_proj.weight")))
+    assert sharded[column][0] * TENSOR_PARALLEL_SIZE == single[column][0]
 
 
 @pytest.mark.parametrize("case", TENSOR_PARALLEL_STOCK_CASES, ids=Case.name)
