@@ -501,10 +501,7 @@ DEEPSEEK_V3 = Architecture(
     mtp_embedding=True,
 )
 
-ARCHITECTURES = {architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3)}
 
-
-# --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
 # GLM-4.7-Flash (Glm4MoeLiteForCausalLM) is DeepSeek-V3's layout under GLM's config class: the same MLA,
 # MoE, MTP layer (model.layers.N with enorm/hnorm/eh_proj/shared_head) and its own embedding copy.
 def _glm4_moe_lite_config() -> dict:
@@ -519,9 +516,10 @@ def _glm4_moe_lite_config() -> dict:
 
 
 GLM4_MOE_LITE = dataclasses.replace(DEEPSEEK_V3, hf_config=_glm4_moe_lite_config())
-MLA_ARCHITECTURES = (DEEPSEEK_V3, GLM4_MOE_LITE)
-ARCHITECTURES.update({architecture.name: architecture for architecture in MLA_ARCHITECTURES})
-# --- end of the multi-head latent attention families ---
+
+ARCHITECTURES = {
+    architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE)
+}
 
 
 def make_checkpoint(

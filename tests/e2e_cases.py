@@ -152,25 +152,8 @@ CASES = [
         "No Int8 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
-]
-# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
-# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
-# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
-BAD_LAYOUTS = [
-    Case(arch, "int8_w8a8", stock, {"damage": damage})
-    for arch in MLA_FAMILIES
-    for damage, stock in (
-        ("mtp-tensor-missing", "acceptance 0.0"),
-        ("mtp-tensor-wrong-shape", "AssertionError"),
-        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
-    )
-]
-
-# --- Multi-head latent attention families beyond DeepSeek-V3 (issue 32) ---
-# GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the INT8 and
-# W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized). Its bad
-# layouts are in BAD_LAYOUTS.
-MLA_CASES = [
+    # GLM-4.7-Flash (glm4_moe_lite) is DeepSeek-V3's layout under GLM's config class and drafter: the INT8
+    # and W4A16 exports whose `ignore` never saw the MTP layer (stock builds its experts quantized).
     Case(
         "glm4_moe_lite",
         "int8_w8a8",
@@ -184,8 +167,32 @@ MLA_CASES = [
         {"ignore_style": "unlisted"},
     ),
 ]
-CASES += MLA_CASES
-# --- end of the multi-head latent attention families ---
+
+# Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
+# series' load check, which otherwise names the missing layer's tensors).
+DRAFTER_MISSING_LAYER_ERROR = {
+    "deepseek_v3": "MTP speculative decoding layer {layer} weights missing from checkpoint",
+}
+
+
+def case_named(name: str) -> Case:
+    """The case of CASES whose name() is name."""
+    return next(case for case in CASES if case.name() == name)
+
+
+# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
+# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
+# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+BAD_LAYOUTS = [
+    Case(arch, "int8_w8a8", stock, {"damage": damage})
+    for arch in MLA_FAMILIES
+    for damage, stock in (
+        ("mtp-tensor-missing", "acceptance 0.0"),
+        ("mtp-tensor-wrong-shape", "AssertionError"),
+        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
+    )
+]
+
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
 # (mtp.*), so an `ignore` that lists them serves stock vLLM; these are the exports whose `ignore` never
 # saw the MTP layer. The dense one is a fine-tune's quantized export too (scenario c).
@@ -237,7 +244,7 @@ QWEN3_5_BAD_INPUT = [
 ]
 # Where draft_quant_config's explicit choices are checked: a BF16 MTP layer `ignore` does not list (one
 # it lists by the checkpoint's names is unquantized with "inherit" too, the series re-keying `ignore`).
-CHOICE_CASES = [CASES[2]]
+CHOICE_CASES = [case_named("mimo-int8_w8a8-unlisted")]
 # A checkpoint whose MTP block was quantized on purpose: the series must leave it as stock vLLM
 # builds it (the target's quantization), and loud loading must not fire on it.
 QUANTIZED_MTP = Case(
@@ -268,16 +275,16 @@ class OnlineDraftCase:
 # scheme at start-up (its 0016, with its own tests): its bed shows nothing more here.
 ONLINE_FP8_LINEAR = {"quant_method": "online", "linear": "fp8_per_channel"}
 ONLINE_DRAFT_CASES = [
-    OnlineDraftCase(CASES[0], "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
-    OnlineDraftCase(CASES[3], "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
-    OnlineDraftCase(CASES[4], ONLINE_FP8_LINEAR, {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(case_named("mimo-int8_w8a8"), "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(case_named("mimo-w4a16"), "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(case_named("glm4_moe-int8_w8a8"), ONLINE_FP8_LINEAR, {"0.32.0": "acceptance 1.0"}),
     OnlineDraftCase(
-        CASES[0],
+        case_named("mimo-int8_w8a8"),
         "int8_per_channel_weight_only",
         {"0.32.0": "quantizes none of the layers of the MTP draft"},
     ),
     OnlineDraftCase(
-        CASES[4],
+        case_named("glm4_moe-int8_w8a8"),
         "int8_per_channel_weight_only",
         {"0.32.0": "No Int8 MoE backend supports the deployment configuration"},
     ),
@@ -352,9 +359,12 @@ def own_scheme_reference(case: Case) -> Case:
 
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.
 TENSOR_PARALLEL_SIZE = 2
-TENSOR_PARALLEL_CASES = [CASES[0], CASES[5], CASES[15], QWEN3_5_CASES[0], QWEN3_5_CASES[1]]
+TENSOR_PARALLEL_CASES = [
+    *map(case_named, ("mimo-int8_w8a8", "glm4_moe-int8_w8a8-unlisted", "deepseek_v3-int8_w8a8-unlisted")),
+    *QWEN3_5_CASES[:2],
+]
 # Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
-TENSOR_PARALLEL_STOCK_CASES = [CASES[0], QWEN3_5_CASES[0]]
+TENSOR_PARALLEL_STOCK_CASES = [case_named("mimo-int8_w8a8"), QWEN3_5_CASES[0]]
 
 
 @dataclass(frozen=True)

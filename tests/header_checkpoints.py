@@ -132,7 +132,7 @@ def norm(name: str) -> dict[str, tuple[str, list[int]]]:
 
 def _one_group(fmt: str, weights: dict, **activations) -> dict:
     """A compressed-tensors config whose one group targets every Linear."""
-    group = {"targets": ["Linear"], "weights": weights}
+    group = {"targets": ["Linear"], "weights": weights, "format": fmt}  # llm-compressor writes both
     if activations:
         group["input_activations"] = activations
     return {"quant_method": "compressed-tensors", "format": fmt, "config_groups": {"group_0": group}}

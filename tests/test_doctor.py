@@ -231,7 +231,6 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
     own_group = {
         **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
         "targets": [f"re:{mtp_root}\\..*"],
-        "format": "pack-quantized",  # as llm-compressor writes a group beside another format's
     }
     quantization["config_groups"] = {**quantization["config_groups"], "mtp_group": own_group}
     write_checkpoint(
@@ -259,7 +258,6 @@ def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_
     quantization = compressed_tensors("int8", ["lm_head"])
     own_group = {
         **COMPRESSED_TENSORS["w4a16"]["config_groups"]["group_0"],
-        "format": "pack-quantized",  # beside the trunk's int-quantized, as llm-compressor writes it
         "targets": sorted(
             name.removesuffix(".weight_packed")
             for name in tensors

@@ -18,6 +18,7 @@ from e2e_cases import (
     BAD_LAYOUTS,
     CASES,
     CHOICE_CASES,
+    DRAFTER_MISSING_LAYER_ERROR,
     OWN_SCHEME_MTP,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
@@ -136,9 +137,10 @@ def bad_layout_named(case: Case) -> list[str]:
     the draft's, both ending alike), or the declared MTP layer the checkpoint lacks."""
     architecture = ARCHITECTURE_CLASSES[case.arch]
     if case.options["damage"] == "mtp-layers-overdeclared":
-        if case.arch != "deepseek_v3":  # the series' load check names the missing layer's tensors
-            return [f"model.layers.{NUM_HIDDEN_LAYERS + 1}."]
-        return [f"MTP speculative decoding layer {NUM_HIDDEN_LAYERS + 1} weights missing from checkpoint"]
+        missing_layer = NUM_HIDDEN_LAYERS + 1
+        if drafter_check := DRAFTER_MISSING_LAYER_ERROR.get(case.arch):
+            return [drafter_check.format(layer=missing_layer)]
+        return [f"model.layers.{missing_layer}."]  # the series' load check names the layer's tensors
     return [architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")]
 
 
