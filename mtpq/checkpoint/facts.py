@@ -183,7 +183,16 @@ ARCHITECTURES = (
     MtpArchitecture("EXAONE MoE", model_types=("exaone_moe", "exaone4_5")),
     MtpArchitecture("LongCat-Flash", model_types=("longcat_flash",)),
     MtpArchitecture("Pangu Ultra MoE", model_types=("pangu_ultra_moe",)),
-    MtpArchitecture("Hunyuan V3", model_types=("hy_v3",)),
+    # HYV3MultiTokenPredictorLayer nests its decoder layer in `mtp_block` but builds it with the layer's
+    # prefix: quantization reaches it under the checkpoint's names.
+    MtpArchitecture(
+        "Hunyuan V3",
+        model_types=("hy_v3",),
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
     MtpArchitecture(
         "MiMo-V2",
         architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
