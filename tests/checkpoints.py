@@ -95,9 +95,9 @@ MTP_MLP_GAIN = 4.0
 # relative to the inverse rotation: left alone it outvotes the right token.
 MTP_DECOY_RATIO = 16.0
 
-_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj", "o_proj")
+_ATTENTION_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 # Multi-head latent attention (DeepSeek-V2/V3): a low-rank query, one shared latent for keys and values.
-_MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj", "o_proj")
+_MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 # Left BF16 in every layer: MLA reads kv_b_proj's weight back after loading (mla_attention.py,
 # split_kv_b_proj -> quant_utils.py:568 get_and_maybe_dequant_weights), and vLLM 0.32.0's CPU INT8 kernel
 # has dropped it by then ("'NoneType' object has no attribute 'device'").
@@ -116,6 +116,14 @@ class MiMoConfig(Qwen2Config):
     def __init__(self, num_nextn_predict_layers=0, **kwargs):
         self.num_nextn_predict_layers = num_nextn_predict_layers
         super().__init__(**kwargs)
+'''
+# Ling V3's releases carry their config class as remote code; vLLM's class of the same fields stands in.
+_CONFIGURATION_BAILING_MOE_V3 = '''\
+"""Ling V3 text configuration: vLLM's class of its fields."""
+
+from vllm.transformers_utils.configs.bailing_moe_v3_vl import BailingMoeV3TextConfig as BailingMoeV3Config
+
+__all__ = ["BailingMoeV3Config"]
 '''
 
 
@@ -213,6 +221,11 @@ class Architecture:
     mla: MlaSizes | None = None
     # The MTP layer carries its own copy of the token embedding (DeepSeek-V3's releases do).
     mtp_embedding: bool = False
+    # Checkpoint names that differ between families: the token embedding, a decoder layer's attention
+    # module and its output projection.
+    embedding: str = "model.embed_tokens.weight"
+    attention: str = "self_attn"
+    attention_output: str = "o_proj"
     extra_files: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -233,8 +246,10 @@ class Architecture:
         if self.mla:
             projections = [name for name in _MLA_PROJECTIONS if (name in _MLA_KEPT_BF16) == kept_bf16]
         else:
-            projections = [] if kept_bf16 else _ATTENTION_PROJECTIONS
-        return [f"{self.layer_prefix(layer)}.self_attn.{name}" for name in projections]
+            projections = [] if kept_bf16 else list(_ATTENTION_PROJECTIONS)
+        if not kept_bf16:
+            projections.append(self.attention_output)
+        return [f"{self.layer_prefix(layer)}.{self.attention}.{name}" for name in projections]
 
     def unit_norm(self, size: int = HIDDEN_SIZE) -> torch.Tensor:
         """RMSNorm weights that leave the normalised input unscaled."""
@@ -565,9 +580,61 @@ HY_V3 = Architecture(
     qk_norm=True,
 )
 
+
+def _bailing_moe_v3_config() -> dict:
+    """vLLM's BailingMoeV3TextConfig fields (Ling V3's text config, remote code in its releases). Fewer
+    decoder layers than layer_group_size: every one is an MLA layer, none Kimi Delta Attention."""
+    deepseek = _deepseek_v3_config()
+    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    return {
+        **{key: deepseek[key] for key in shared},
+        **{
+            key: deepseek[key]
+            for key in ("num_attention_heads", "num_key_value_heads", "n_group", "topk_group")
+        },
+        **{
+            key: deepseek[key] for key in ("first_k_dense_replace", "max_position_embeddings", "rms_norm_eps")
+        },
+        **MLA_SIZES.hf_config(),
+        "architectures": ["BailingMoeV3ForCausalLM"],
+        "model_type": "bailing_hybrid",
+        "auto_map": {"AutoConfig": "configuration_bailing_moe_v3.BailingMoeV3Config"},
+        "num_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "num_shared_experts": 1,
+        "moe_shared_expert_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "routed_scaling_factor": 1.0,
+        "layer_group_size": NUM_HIDDEN_LAYERS + 1,
+        "num_nextn_predict_layers": 1,
+        "rope_theta": ROPE_THETA,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "pad_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+# Ling V3 (Bailing MoE V3): DeepSeek-V3's MLA and sigmoid-routed MoE under Ling's names (word_embeddings,
+# attention with a `dense` output, the router bias on the gate), its MTP layer decoder layer N with
+# final_layernorm, its logits the target's lm_head.
+BAILING_MOE_V3 = dataclasses.replace(
+    DEEPSEEK_V3,
+    hf_config=_bailing_moe_v3_config(),
+    final_norm="final_layernorm",
+    head="lm_head.weight",
+    moe_layout=dataclasses.replace(GLM4_MOE_LAYOUT, router_bias="mlp.gate.expert_bias"),
+    mtp_embedding=False,
+    embedding="model.word_embeddings.weight",
+    attention="attention",
+    attention_output="dense",
+    extra_files={"configuration_bailing_moe_v3.py": _CONFIGURATION_BAILING_MOE_V3},
+)
+
 ARCHITECTURES = {
     architecture.name: architecture
-    for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE, HY_V3)
+    for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE, HY_V3, BAILING_MOE_V3)
 }
 
 
@@ -637,7 +704,10 @@ def make_checkpoint(
         if mtp_quant:
             mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
             groups["mtp_group"] = (mtp_modules, mtp_quant, mtp_modules)
-            ignore = ignore + architecture.mtp_kept_bf16_linears
+            ignore = ignore + [
+                f"{architecture.mtp_prefix}.{architecture.projection}",
+                *architecture.mtp_kept_bf16_linears,
+            ]
         tensors, config["quantization_config"] = _compress_groups(tensors, groups, ignore)
         if dequantized_mtp:
             tensors, config["quantization_config"] = _dequantized_group(
@@ -683,7 +753,7 @@ def build_engineered_weights(
 
     embed, lm_head, successor = chain_embeddings(generator)
     weights = {
-        "model.embed_tokens.weight": embed,
+        architecture.embedding: embed,
         "model.norm.weight": architecture.unit_norm(),
         "lm_head.weight": lm_head,
     }
@@ -755,9 +825,11 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
         f"{prefix}.post_attention_layernorm.weight": architecture.unit_norm(),
     }
     if architecture.mla:
-        weights.update(_random_mla(architecture, f"{prefix}.self_attn", randn, output_gain))
+        weights.update(_random_mla(architecture, f"{prefix}.{architecture.attention}", randn, output_gain))
     else:
-        weights.update(_random_attention(architecture, f"{prefix}.self_attn", randn, output_gain))
+        weights.update(
+            _random_attention(architecture, f"{prefix}.{architecture.attention}", randn, output_gain)
+        )
     if architecture.is_moe(layer):
         moe = architecture.moe_layout
         weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
@@ -771,7 +843,11 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
 
 def _random_attention(architecture, prefix, randn, output_gain):
     hidden = HIDDEN_SIZE
-    weights = {f"{prefix}.o_proj.weight": randn(hidden, hidden) * output_gain / math.sqrt(hidden)}
+    weights = {
+        f"{prefix}.{architecture.attention_output}.weight": randn(hidden, hidden)
+        * output_gain
+        / math.sqrt(hidden)
+    }
     for projection in ("q_proj", "k_proj", "v_proj"):
         weights[f"{prefix}.{projection}.weight"] = randn(hidden, hidden) / math.sqrt(hidden)
         if architecture.attention_bias:
@@ -799,7 +875,9 @@ def _random_mla(architecture, prefix, randn, output_gain):
         f"{prefix}.kv_b_proj.weight": projection(
             heads * (sizes.qk_nope_head_dim + sizes.v_head_dim), sizes.kv_lora_rank
         ),
-        f"{prefix}.o_proj.weight": projection(HIDDEN_SIZE, heads * sizes.v_head_dim, output_gain),
+        f"{prefix}.{architecture.attention_output}.weight": projection(
+            HIDDEN_SIZE, heads * sizes.v_head_dim, output_gain
+        ),
     }
 
 
@@ -1165,8 +1243,9 @@ class EngineeredReference:
         prefix = architecture.layer_prefix(layer)
         normed = self._norm(f"{prefix}.input_layernorm", hidden)
         attention = self._mla if architecture.mla else self._attention
-        attended = attention(f"{prefix}.self_attn", normed, positions).flatten(1)
-        residual = hidden + self._linear(f"{prefix}.self_attn.o_proj", attended)
+        attention_prefix = f"{prefix}.{architecture.attention}"
+        attended = attention(attention_prefix, normed, positions).flatten(1)
+        residual = hidden + self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
         normed = self._norm(f"{prefix}.post_attention_layernorm", residual)
         if architecture.is_moe(layer):
             return self._moe(layer, normed), residual
@@ -1180,7 +1259,7 @@ class EngineeredReference:
         """
         tokens = torch.as_tensor(tokens)
         positions = torch.arange(len(tokens))
-        hidden = self.weights["model.embed_tokens.weight"][tokens]
+        hidden = self.weights[self.architecture.embedding][tokens]
         for layer in range(NUM_HIDDEN_LAYERS):
             output, residual = self._decoder_layer(layer, hidden, positions)
             hidden = output + residual
@@ -1193,7 +1272,7 @@ class EngineeredReference:
         """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""
         architecture, weights = self.architecture, self.weights
         mtp = architecture.mtp_prefix
-        embeds = weights["model.embed_tokens.weight"][torch.as_tensor(next_tokens)]
+        embeds = weights[architecture.embedding][torch.as_tensor(next_tokens)]
         if architecture.mtp_zeroes_first_embedding:
             embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         parts = [

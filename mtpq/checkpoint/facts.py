@@ -193,6 +193,15 @@ ARCHITECTURES = (
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
+    # Ling V3: DeepSeek-V3's MTP layout; BailingMoeV3MTPModel builds it under the checkpoint's names.
+    MtpArchitecture(
+        "Ling V3",
+        architectures=("BailingMoeV3ForCausalLM",),
+        model_types=("bailing_hybrid",),
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
     MtpArchitecture(
         "MiMo-V2",
         architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
