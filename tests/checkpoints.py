@@ -1278,6 +1278,17 @@ def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
     return make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
 
 
+def damaged_mtp_tensor(arch: str) -> str:
+    """The tensor make_any_checkpoint's damages hit, named within the MTP layer's prefix (the draft's
+    name for it ends alike)."""
+    from qwen3_5_checkpoints import FAMILIES, MTP, damaged_tensor
+
+    if arch in FAMILIES:
+        return damaged_tensor(arch).removeprefix(f"{MTP}.")
+    architecture = ARCHITECTURES[arch]
+    return architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")
+
+
 class GraftFailed(RuntimeError):
     pass
 
