@@ -598,12 +598,8 @@ def make_checkpoint(
     if drop_mtp:
         tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
         del config[MTP_LAYER_COUNT_FIELD]
-    if damage == "mtp-tensor-missing":
-        del tensors[architecture.damaged_tensor]
-    elif damage == "mtp-tensor-wrong-shape":
-        damaged = tensors[architecture.damaged_tensor]
-        tensors[architecture.damaged_tensor] = torch.cat([damaged, damaged[:WRONG_SHAPE_EXTRA_ROWS]])
-    elif damage == "mtp-layers-overdeclared":
+    damage_tensor(tensors, architecture.damaged_tensor, damage)
+    if damage == "mtp-layers-overdeclared":
         config[MTP_LAYER_COUNT_FIELD] += 1
     save_file(
         {name: value.contiguous() for name, value in tensors.items()},
@@ -616,6 +612,15 @@ def make_checkpoint(
     (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
     _write_tokenizer(out)
     return out
+
+
+def damage_tensor(tensors: dict[str, torch.Tensor], name: str, damage: str | None) -> None:
+    """Drop the tensor (mtp-tensor-missing) or give it WRONG_SHAPE_EXTRA_ROWS more rows
+    (mtp-tensor-wrong-shape); other damages leave the tensors as they are."""
+    if damage == "mtp-tensor-missing":
+        del tensors[name]
+    elif damage == "mtp-tensor-wrong-shape":
+        tensors[name] = torch.cat([tensors[name], tensors[name][:WRONG_SHAPE_EXTRA_ROWS]])
 
 
 def architecture_of(checkpoint_dir: str | Path) -> Architecture:

@@ -48,13 +48,13 @@ from checkpoints import (
     ROPE_THETA,
     SUCCESSOR_FILE,
     VOCAB_SIZE,
-    WRONG_SHAPE_EXTRA_ROWS,
     _compress_linears,
     _linear_swiglu,
     _random_mlp,
     _random_rotation,
     _write_tokenizer,
     chain_embeddings,
+    damage_tensor,
 )
 from safetensors.torch import save_file
 
@@ -428,11 +428,7 @@ def make_qwen3_5_checkpoint(
         tensors, config["quantization_config"] = _compress_linears(
             tensors, quantized_linears(family), quant, ignore_list(family, ignore_style)
         )
-    if damage == "mtp-tensor-missing":
-        del tensors[damaged_tensor(family)]
-    elif damage == "mtp-tensor-wrong-shape":
-        damaged = tensors[damaged_tensor(family)]
-        tensors[damaged_tensor(family)] = torch.cat([damaged, damaged[:WRONG_SHAPE_EXTRA_ROWS]])
+    damage_tensor(tensors, damaged_tensor(family), damage)
     files = {MAIN_FILE: {n: t for n, t in tensors.items() if not n.startswith(f"{MTP}.")}}
     text = _text_config_of(family, config)
     if drop_mtp or damage == "mtp-keys-missing":
