@@ -717,12 +717,8 @@ def make_checkpoint(
     if drop_mtp:
         tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
         del config[MTP_LAYER_COUNT_FIELD]
-    if damage == "mtp-tensor-missing":
-        del tensors[architecture.damaged_tensor]
-    elif damage == "mtp-tensor-wrong-shape":
-        damaged = tensors[architecture.damaged_tensor]
-        tensors[architecture.damaged_tensor] = torch.cat([damaged, damaged[:WRONG_SHAPE_EXTRA_ROWS]])
-    elif damage == "mtp-layers-overdeclared":
+    damage_tensor(tensors, architecture.damaged_tensor, damage)
+    if damage == "mtp-layers-overdeclared":
         config[MTP_LAYER_COUNT_FIELD] += 1
     save_file(
         {name: value.contiguous() for name, value in tensors.items()},
@@ -735,6 +731,15 @@ def make_checkpoint(
     (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
     _write_tokenizer(out)
     return out
+
+
+def damage_tensor(tensors: dict[str, torch.Tensor], name: str, damage: str | None) -> None:
+    """Drop the tensor (mtp-tensor-missing) or give it WRONG_SHAPE_EXTRA_ROWS more rows
+    (mtp-tensor-wrong-shape); other damages leave the tensors as they are."""
+    if damage == "mtp-tensor-missing":
+        del tensors[name]
+    elif damage == "mtp-tensor-wrong-shape":
+        tensors[name] = torch.cat([tensors[name], tensors[name][:WRONG_SHAPE_EXTRA_ROWS]])
 
 
 def architecture_of(checkpoint_dir: str | Path) -> Architecture:
@@ -1404,6 +1409,17 @@ def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
     if arch in FAMILIES:
         return make_qwen3_5_checkpoint(arch, out, quant, **options)
     return make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
+
+
+def damaged_mtp_tensor(arch: str) -> str:
+    """The tensor make_any_checkpoint's damages hit, named within the MTP layer's prefix (the draft's
+    name for it ends alike)."""
+    from qwen3_5_checkpoints import FAMILIES, MTP, damaged_tensor
+
+    if arch in FAMILIES:
+        return damaged_tensor(arch).removeprefix(f"{MTP}.")
+    architecture = ARCHITECTURES[arch]
+    return architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")
 
 
 class GraftFailed(RuntimeError):

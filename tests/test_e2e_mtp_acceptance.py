@@ -10,8 +10,13 @@ MTP lossless without a second engine run. The runs of one vLLM variant share one
 from __future__ import annotations
 
 import pytest
-from checkpoints import ARCHITECTURES as ARCHITECTURE_CLASSES
-from checkpoints import NUM_HIDDEN_LAYERS, default_prompts, expected_continuation, load_successor
+from checkpoints import (
+    NUM_HIDDEN_LAYERS,
+    damaged_mtp_tensor,
+    default_prompts,
+    expected_continuation,
+    load_successor,
+)
 from e2e_cases import (
     ARCHITECTURES,
     AS_DEQUANTIZED_REFERENCE,
@@ -19,6 +24,7 @@ from e2e_cases import (
     CASES,
     CHOICE_CASES,
     DRAFTER_MISSING_LAYER_ERROR,
+    MTP_LAYERS_NUMBERED_FROM_ZERO,
     OWN_SCHEME_MTP,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
@@ -135,13 +141,12 @@ def test_a_quantized_mtp_block_loads_as_stock_vllm_builds_it(engine_run, enginee
 def bad_layout_named(case: Case) -> list[str]:
     """What the series' error on a bad MTP layout names: the damaged tensor (under the checkpoint's name or
     the draft's, both ending alike), or the declared MTP layer the checkpoint lacks."""
-    architecture = ARCHITECTURE_CLASSES[case.arch]
     if case.options["damage"] == "mtp-layers-overdeclared":
-        missing_layer = NUM_HIDDEN_LAYERS + 1
+        missing_layer = (0 if case.arch in MTP_LAYERS_NUMBERED_FROM_ZERO else NUM_HIDDEN_LAYERS) + 1
         if drafter_check := DRAFTER_MISSING_LAYER_ERROR.get(case.arch):
             return [drafter_check.format(layer=missing_layer)]
         return [f"model.layers.{missing_layer}."]  # the series' load check names the layer's tensors
-    return [architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")]
+    return [damaged_mtp_tensor(case.arch)]
 
 
 @pytest.mark.parametrize("case", BAD_LAYOUTS, ids=Case.name)

