@@ -81,7 +81,28 @@ SPARSE_MLA_ON_CPU = (
     "(vllm/model_executor/layers/attention/mla_attention.py:513) and CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:150) raises 'Sparse Attention is not supported on CPU.'"
 )
-ENGINE_LIMITS = {"0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU}}
+# OpenPangu's MTP layer reuses DeepSeek's forward, which reads an attribute DeepSeek's decoder layer sets
+# and OpenPangu's never does: its draft fails at its first forward on every platform, stock or patched.
+OPENPANGU_MTP_FORWARD = (
+    "OpenPangu's MTP forward: DeepSeekMultiTokenPredictorLayer.forward "
+    "(vllm/model_executor/models/deepseek_mtp.py:137) reads mtp_block.use_sequence_parallel_moe, which "
+    'OpenPanguDecoderLayer (vllm/model_executor/models/openpangu.py) never sets: "AttributeError: '
+    "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'\" at the first draft"
+)
+ENGINE_LIMITS = {
+    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU, "OpenPanguMTPModel": OPENPANGU_MTP_FORWARD}
+}
+# The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
+# exception and innermost vLLM frame its run stops with.
+ENGINE_LIMIT_RUNS = {
+    "0.32.0": {
+        "OpenPanguMTPModel": (
+            "AttributeError",
+            "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'",
+            "vllm/model_executor/models/deepseek_mtp.py:137",
+        )
+    }
+}
 
 
 # The end-to-end architectures this session's CPU engine runs.
@@ -307,3 +328,11 @@ def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     assert row({"INT8 / W4A16": {"schemes": {"a": int8, "b": wna16}}}).startswith(
         "INT8 / W4A16: 1 of 2 layers in its own scheme"
     )
+
+
+@pytest.mark.parametrize("key", ENGINE_LIMIT_RUNS.get(TARGET, {}))
+def test_the_engine_stops_where_its_recorded_limit_says(vllm_probe, key):
+    error_type, error, at = ENGINE_LIMIT_RUNS[TARGET][key]
+    runs = vllm_probe("engine_limits", "patched", *ENGINE_LIMIT_RUNS[TARGET])["runs"]
+    assert runs[key] == {"error_type": error_type, "error": error, "at": at}
+    assert at in ENGINE_LIMITS[TARGET][key] and error in ENGINE_LIMITS[TARGET][key]
