@@ -89,8 +89,20 @@ OPENPANGU_MTP_FORWARD = (
     'OpenPanguDecoderLayer (vllm/model_executor/models/openpangu.py) never sets: "AttributeError: '
     "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'\" at the first draft"
 )
+# LongCat-Flash's MoE always routes through its zero experts (longcat_flash.py asserts a zero_expert_type),
+# whose router computes softmax top-k with a CUDA kernel the CPU build lacks.
+LONGCAT_ZERO_EXPERT_ROUTING = (
+    "zero-expert routing: every MoE layer of LongCat-Flash routes through ZeroExpertRouter "
+    "(vllm/model_executor/layers/fused_moe/router/zero_expert_router.py:67), whose softmax top-k calls "
+    "torch.ops._moe_C.topk_softmax (vllm/_custom_ops.py:2309), a CUDA kernel the CPU build lacks: "
+    "\"AttributeError: '_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'\" at the first step"
+)
 ENGINE_LIMITS = {
-    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU, "OpenPanguMTPModel": OPENPANGU_MTP_FORWARD}
+    "0.32.0": {
+        "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
+        "OpenPanguMTPModel": OPENPANGU_MTP_FORWARD,
+        "LongCatFlashMTPModel": LONGCAT_ZERO_EXPERT_ROUTING,
+    }
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
 # exception and innermost vLLM frame its run stops with.
@@ -100,7 +112,12 @@ ENGINE_LIMIT_RUNS = {
             "AttributeError",
             "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'",
             "vllm/model_executor/models/deepseek_mtp.py:137",
-        )
+        ),
+        "LongCatFlashMTPModel": (
+            "AttributeError",
+            "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'",
+            "vllm/_custom_ops.py:2309",
+        ),
     }
 }
 

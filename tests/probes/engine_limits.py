@@ -28,6 +28,10 @@ from checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer  # noqa: E402
 
 from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
 
+# Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
+# unset: LongCat-Flash's release sets its zero experts to identity.
+RELEASE_FIELDS = {"LongCatFlashMTPModel": {"zero_expert_type": "identity"}}
+
 
 def _engine_sizes(config: dict) -> None:
     """The CPU engine's sizes, in place (nested configs too)."""
@@ -51,6 +55,7 @@ def run(drafter, directory: Path) -> dict:
 
     model_type, architecture = drafter_matrix._targets(drafter)[0]
     config = drafter_matrix.target_config(drafter, model_type, architecture)
+    config |= RELEASE_FIELDS.get(drafter.key, {})
     _engine_sizes(config)
     (directory / "config.json").write_text(json.dumps(config))
     _write_tokenizer(directory)
