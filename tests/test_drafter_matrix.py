@@ -87,9 +87,28 @@ SPARSE_MLA_ON_CPU = (
     "(vllm/model_executor/layers/attention/mla_attention.py:513) and CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:150) raises 'Sparse Attention is not supported on CPU.'"
 )
+# LongCat-Flash's MoE always routes through its zero experts (longcat_flash.py asserts a zero_expert_type),
+# whose router computes softmax top-k with a CUDA kernel the CPU build lacks.
+LONGCAT_ZERO_EXPERT_ROUTING = (
+    "zero-expert routing: every MoE layer of LongCat-Flash routes through ZeroExpertRouter "
+    "(vllm/model_executor/layers/fused_moe/router/zero_expert_router.py:67), whose softmax top-k calls "
+    "torch.ops._moe_C.topk_softmax (vllm/_custom_ops.py:2309), a CUDA kernel the CPU build lacks: "
+    "\"AttributeError: '_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'\" at the first step"
+)
 ENGINE_LIMITS = {
-    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU},
+    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU, "LongCatFlashMTPModel": LONGCAT_ZERO_EXPERT_ROUTING},
     "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
+}
+# The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
+# exception and innermost vLLM frame its run stops with.
+ENGINE_LIMIT_RUNS = {
+    "0.32.0": {
+        "LongCatFlashMTPModel": (
+            "AttributeError",
+            "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'",
+            "vllm/_custom_ops.py:2309",
+        ),
+    }
 }
 
 
@@ -316,3 +335,11 @@ def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     assert row({"INT8 / W4A16": {"schemes": {"a": int8, "b": wna16}}}).startswith(
         "INT8 / W4A16: 1 of 2 layers in its own scheme"
     )
+
+
+@pytest.mark.parametrize("key", ENGINE_LIMIT_RUNS.get(TARGET, {}))
+def test_the_engine_stops_where_its_recorded_limit_says(vllm_probe, key):
+    error_type, error, at = ENGINE_LIMIT_RUNS[TARGET][key]
+    runs = vllm_probe("engine_limits", "patched", *ENGINE_LIMIT_RUNS[TARGET])["runs"]
+    assert runs[key] == {"error_type": error_type, "error": error, "at": at}
+    assert at in ENGINE_LIMITS[TARGET][key] and error in ENGINE_LIMITS[TARGET][key]

@@ -1,0 +1,94 @@
+"""Run drafters' targets with MTP on the real CPU engine, dummy weights, and report where each stops.
+
+Usage: python engine_limits.py KEY [KEY...]  (registry drafter keys, e.g. OpenPanguMTPModel)
+
+Each target is the drafter matrix's tiny config of the drafter's first target (drafter_matrix.py),
+its MLA at the sizes vLLM's CPU MLA takes (checkpoints.MLA_SIZES) and its heads at the CPU attention's
+smallest head size; the engine runs in this process, one after another. Prints one JSON object as the
+last stdout line: {"vllm_file": ..., "runs": {key: {"tokens": [...]} or {"error_type", "error", "at"}}},
+"at" being the innermost vLLM frame ("vllm/<file>:<line>") the exception was raised from.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
+os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: checkpoints
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/probes/: drafter_matrix
+
+import drafter_matrix  # noqa: E402
+from checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer  # noqa: E402
+
+from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
+
+# Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
+# unset: LongCat-Flash's release sets its zero experts to identity.
+RELEASE_FIELDS = {"LongCatFlashMTPModel": {"zero_expert_type": "identity"}}
+
+
+def _engine_sizes(config: dict) -> None:
+    """The CPU engine's sizes, in place (nested configs too)."""
+    if "head_dim" in config:
+        config["head_dim"] = HEAD_DIM
+    if "kv_lora_rank" in config:
+        config.update(MLA_SIZES.hf_config())
+    for value in config.values():
+        if isinstance(value, dict):
+            _engine_sizes(value)
+
+
+def _innermost_vllm_frame(error: BaseException) -> str:
+    frames = [frame for frame in traceback.extract_tb(error.__traceback__) if "/vllm/" in frame.filename]
+    frame = frames[-1]
+    return f"vllm/{frame.filename.rsplit('/vllm/', 1)[1]}:{frame.lineno}"
+
+
+def run(drafter, directory: Path) -> dict:
+    from vllm import LLM, SamplingParams
+
+    model_type, architecture = drafter_matrix._targets(drafter)[0]
+    config = drafter_matrix.target_config(drafter, model_type, architecture)
+    config |= RELEASE_FIELDS.get(drafter.key, {})
+    _engine_sizes(config)
+    (directory / "config.json").write_text(json.dumps(config))
+    _write_tokenizer(directory)
+    try:
+        llm = LLM(
+            model=str(directory),
+            load_format="dummy",
+            max_model_len=256,
+            enforce_eager=True,
+            enable_prefix_caching=False,
+            trust_remote_code=True,
+            dtype="bfloat16",
+            speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+        )
+        outputs = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], SamplingParams(max_tokens=8))
+    # Where the engine stops is the finding.
+    except Exception as error:  # noqa: BLE001
+        return {"error_type": type(error).__name__, "error": str(error), "at": _innermost_vllm_frame(error)}
+    return {"tokens": list(outputs[0].outputs[0].token_ids)}
+
+
+def main(keys: list[str]) -> None:
+    import vllm
+
+    drafters = {
+        drafter.key: drafter for drafter in read_drafters(directory_reader(Path(vllm.__file__).parents[1]))
+    }
+    runs = {}
+    for key in keys:
+        with tempfile.TemporaryDirectory(prefix=f"mtpq-limit-{key}-") as directory:
+            runs[key] = run(drafters[key], Path(directory))
+    print(json.dumps({"vllm_file": vllm.__file__, "runs": runs}))
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
