@@ -1,6 +1,6 @@
 """Run drafters' targets with MTP on the real CPU engine, dummy weights, and report where each stops.
 
-Usage: python engine_limits.py KEY [KEY...]  (registry drafter keys, e.g. OpenPanguMTPModel)
+Usage: python engine_limits.py KEY [KEY...]  (registry drafter keys, e.g. LongCatFlashMTPModel)
 
 Each target is the drafter matrix's tiny config of the drafter's first target (drafter_matrix.py),
 its MLA at the sizes vLLM's CPU MLA takes (checkpoints.MLA_SIZES) and its heads at the CPU attention's
