@@ -38,6 +38,7 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@.*$", re.MULTILINE
 _SERVED = {
     "vllm.model_executor.layers.quantization.compressed_tensors.utils": matching,
     "vllm.model_executor.layers.quantization.utils.config_utils": matching,
+    "vllm.model_executor.layers.quantization": matching,
 }
 _NO_NEWLINE = "\\ No newline at end of file"
 
