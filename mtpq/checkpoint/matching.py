@@ -97,6 +97,9 @@ class _ModelOptMixedPrecisionConfig(_ModelOptConfig):
 
 
 def get_quantization_config(method: str) -> type[_ModelOptConfig]:
-    return {"modelopt": _ModelOptConfig, "modelopt_fp4": _ModelOptFp4Config}.get(
-        method, _ModelOptMixedPrecisionConfig
-    )
+    return {
+        "modelopt": _ModelOptConfig,
+        "modelopt_fp4": _ModelOptFp4Config,
+        "modelopt_mxfp8": _ModelOptMxFp8Config,
+        "modelopt_mixed": _ModelOptMixedPrecisionConfig,
+    }[method]
