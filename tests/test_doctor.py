@@ -340,6 +340,38 @@ def test_config_groups_that_cannot_build_the_stored_mtp_layer_are_refused_at_sta
     assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
 
 
+def test_a_modelopt_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up_by_the_series(
+    tmp_path,
+):
+    """FP8-block MTP tensors beside an NVFP4 trunk, described by ModelOpt as NVFP4 (the config's
+    quant_algo, or a MIXED_PRECISION quantized_layers entry): the v0.32.0/v0.33.0 series refuse."""
+    layout = LAYOUTS["mimo"]
+    tensors = layout.tensors("nvfp4", "fp8-block")
+    mtp_modules = {name.rsplit(".", 1)[0] for name in tensors if name.endswith(".weight_scale_inv")}
+    nvfp4 = {"quant_algo": "NVFP4", "group_size": 16}
+    described = {
+        "the config's quant_algo": {"quant_method": "modelopt", **nvfp4},
+        "its quantized_layers entry": {
+            "quant_method": "modelopt",
+            "quant_algo": "MIXED_PRECISION",
+            "quantized_layers": dict.fromkeys(mtp_modules, nvfp4),
+        },
+    }
+    for source, quantization in described.items():
+        write_checkpoint(tmp_path, quantized(layout, quantization), {"model.safetensors": tensors})
+
+        found = doctor.diagnose(tmp_path, ["0.32.0", NEWEST], "cuda")
+
+        for version in ("0.32.0", NEWEST):
+            refused = verdict(found, "patched", version)
+            assert refused.kind == doctor.CRASH, refused
+            assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+            assert (
+                "(stored as FP8 block (weight_scale_inv) in model.safetensors) is built by "
+                f"{source} as NVFP4, which cannot load FP8 block (weight_scale_inv)"
+            ) in refused.error
+
+
 # Each MTP module's on-disk format, as the series' survey labels it.
 FORMAT_LABELS = {
     "bf16": "BF16",

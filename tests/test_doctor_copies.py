@@ -215,3 +215,51 @@ def test_the_doctors_words_for_stock_vllms_index_error_are_vllms():
     source = joined_literals(weight_utils.read_text())
     words = facts.since(INSTALLED, facts.STOCK_INDEX_FILE_MISSING)
     assert words in source if words else "referenced in index but missing" not in source
+
+
+MODELOPT_ALGOS = ["FP8", "NVFP4", "W4A16_NVFP4", "MXFP8", "MIXED_PRECISION"]
+
+
+def random_modelopt_entry(rng: random.Random) -> str:
+    name = f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}"
+    return rng.choice(
+        [name, name.rsplit(".", 1)[0] + "*", "*." + name.rsplit(".", 1)[1], rng.choice(PARENTS)]
+    )
+
+
+@pytest.mark.skipif(
+    INSTALLED == "0.22.1",
+    reason="the ModelOpt start-up check is the v0.32.0/v0.33.0 series' (0023); vLLM 0.22.1's ModelOpt "
+    "classes are older (its MXFP8 config has no quant_method)",
+)
+def test_the_modelopt_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
+    """The survey's check_mtp_quant_schemes picks vLLM's ModelOpt config class for a config and asks
+    it which modules it excludes and, for MIXED_PRECISION, which quant_algo builds each; the doctor
+    serves it mtpq.checkpoint.matching's instead (unfused checkpoint names)."""
+    from vllm.model_executor.layers.quantization import get_quantization_config
+
+    rng = random.Random(30)
+    for _ in range(500):
+        algo = rng.choice(MODELOPT_ALGOS)
+        names = [f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}" for _ in range(4)]
+        config = {
+            "quant_method": "modelopt",
+            "quant_algo": algo,
+            "group_size": 16,
+            "ignore": [random_modelopt_entry(rng) for _ in range(rng.randrange(3))],
+            "quantized_layers": {name: {"quant_algo": rng.choice(["FP8", "NVFP4"])} for name in names[:3]},
+        }
+        [(method, ours)] = [
+            (method, matching.get_quantization_config(method))
+            for method in matching.QUANTIZATION_METHODS
+            if matching.get_quantization_config(method).override_quantization_method(config, None)
+        ]
+        theirs = get_quantization_config(method)
+        assert theirs.override_quantization_method(config, None) == method
+        ours, theirs = ours.from_config(config), theirs.from_config(config)
+        for name in names:
+            assert ours.is_layer_excluded(name) == theirs.is_layer_excluded(name), (name, config)
+            if algo == "MIXED_PRECISION":
+                assert ours._resolve_quant_algo(name) == theirs._resolve_quant_algo(name), (name, config)
+            else:
+                assert ours.quant_method == theirs.quant_method

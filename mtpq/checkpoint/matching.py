@@ -1,5 +1,6 @@
-"""vLLM's compressed-tensors name matching, for running the series' own start-up check of config
-groups (the survey module's check_mtp_quant_schemes) without vLLM, and for the doctor's matching.
+"""vLLM's compressed-tensors and ModelOpt name matching, for running the series' own start-up check
+of the config that builds the MTP modules (the survey module's check_mtp_quant_schemes) without vLLM,
+and for the doctor's matching.
 
 The check calls these by vLLM's names with checkpoint module names, which are never fused, so no
 fused-layer mapping is needed. tests/test_doctor_copies.py compares them with vLLM's own.
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable
+from fnmatch import fnmatch
 
 
 def is_equal_or_regex_match(value: str, target: str, check_contains: bool = False) -> bool:
@@ -31,3 +33,73 @@ def find_matched_target(layer_name: str, module: object, targets: Iterable[str])
 
 def should_ignore_layer(layer_name: str, ignore: Iterable[str]) -> bool:
     return any(is_equal_or_regex_match(layer_name, entry) for entry in ignore)
+
+
+# vLLM's ModelOpt config classes, as far as the check reads them: which class a config picks
+# (override_quantization_method), its exclude_modules matching and, for MIXED_PRECISION, its
+# quantized_layers lookup, for the unfused names a checkpoint writes.
+QUANTIZATION_METHODS = ("modelopt", "modelopt_fp4", "modelopt_mxfp8", "modelopt_mixed")
+
+
+class _ModelOptConfig:
+    accepts = staticmethod(lambda algo: algo == "FP8")
+
+    def __init__(self, config: dict) -> None:
+        source = config.get("quantization", config)
+        self.quant_method = str(source.get("quant_algo")).upper()
+        self.exclude_modules = source.get("exclude_modules" if "quantization" in config else "ignore", [])
+
+    @classmethod
+    def override_quantization_method(cls, config: dict, user_quant: object) -> bool:
+        if not str(config.get("quant_method", "")).lower().startswith("modelopt"):
+            return False
+        return cls.accepts(str(config.get("quantization", config).get("quant_algo", "")).upper())
+
+    @classmethod
+    def from_config(cls, config: dict) -> _ModelOptConfig:
+        return cls(config)
+
+    def is_layer_excluded(self, prefix: str) -> bool:
+        return any(
+            entry in prefix
+            or (prefix.startswith("language_model.") and entry in prefix.removeprefix("language_model."))
+            or fnmatch(prefix, entry)
+            for entry in self.exclude_modules
+        )
+
+
+class _ModelOptFp4Config(_ModelOptConfig):
+    accepts = staticmethod(lambda algo: "FP4" in algo)
+
+
+class _ModelOptMxFp8Config(_ModelOptConfig):
+    accepts = staticmethod(lambda algo: "MXFP8" in algo)
+
+
+class _ModelOptMixedPrecisionConfig(_ModelOptConfig):
+    accepts = staticmethod(lambda algo: algo == "MIXED_PRECISION")
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.quantized_layers = config.get("quantization", config).get("quantized_layers", {})
+
+    def _resolve_quant_algo(self, prefix: str) -> str | None:
+        if prefix in self.quantized_layers:
+            return self.quantized_layers[prefix]["quant_algo"].upper()
+        return next(
+            (
+                info["quant_algo"].upper()
+                for key, info in self.quantized_layers.items()
+                if key.startswith(prefix + ".")
+            ),
+            None,
+        )
+
+
+def get_quantization_config(method: str) -> type[_ModelOptConfig]:
+    return {
+        "modelopt": _ModelOptConfig,
+        "modelopt_fp4": _ModelOptFp4Config,
+        "modelopt_mxfp8": _ModelOptMxFp8Config,
+        "modelopt_mixed": _ModelOptMixedPrecisionConfig,
+    }[method]

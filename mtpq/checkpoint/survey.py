@@ -10,9 +10,10 @@ series' module; the draft's quantization decision, which the series differ on, i
 module of the series serving the release judged (`series_survey`).
 
 It needs neither vLLM (imported there only inside functions: those that read files, which the doctor
-does not call, and the config-group check, whose compressed-tensors matchers mtpq.checkpoint.matching
-serves) nor the third-party `regex` package, which vLLM's lint requires in place of `re`: its
-`import regex` is served by the standard library's `re`, which accepts the module's patterns.
+does not call, and the start-up check of the quant config, whose compressed-tensors and ModelOpt
+matching mtpq.checkpoint.matching serves) nor the third-party `regex` package, which vLLM's lint
+requires in place of `re`: its `import regex` is served by the standard library's `re`, which
+accepts the module's patterns.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@.*$", re.MULTILINE
 _SERVED = {
     "vllm.model_executor.layers.quantization.compressed_tensors.utils": matching,
     "vllm.model_executor.layers.quantization.utils.config_utils": matching,
+    "vllm.model_executor.layers.quantization": matching,
 }
 _NO_NEWLINE = "\\ No newline at end of file"
 
