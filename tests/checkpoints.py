@@ -128,7 +128,9 @@ class MoeLayout:
     """Where an MoE layer keeps its router and experts (names relative to the layer), and how it routes."""
 
     router: str
-    router_bias: str | None  # a tensor name (None: no bias); it shifts the choice of experts, not their weights
+    router_bias: (
+        str | None
+    )  # a tensor name (None: no bias); it shifts the choice of experts, not their weights
     shared_expert: str
     routed_experts: str  # expert e lives under f"{routed_experts}.{e}"
     scoring: str  # "sigmoid" or "softmax" of the router logits

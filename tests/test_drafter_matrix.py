@@ -36,6 +36,7 @@ E2E_TARGETS = {
     "deepseek_v3": "deepseek_v3",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
     "hy_v3": "hy_v3",
+    "pangu_ultra_moe": "pangu_ultra_moe",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -47,6 +48,7 @@ E2E_FILES = {
     "deepseek_v3": "tests/test_e2e_mtp_acceptance.py",
     "glm4_moe_lite": "tests/test_e2e_mtp_acceptance.py",
     "hy_v3": "tests/test_e2e_mtp_acceptance.py",
+    "pangu_ultra_moe": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {
