@@ -136,7 +136,9 @@ class MoeLayout:
     """Where an MoE layer keeps its router and experts (names relative to the layer), and how it routes."""
 
     router: str
-    router_bias: str  # a tensor name; it shifts the choice of experts, not their weights
+    router_bias: (
+        str | None
+    )  # a tensor name (None: no bias); it shifts the choice of experts, not their weights
     shared_expert: str
     routed_experts: str  # expert e lives under f"{routed_experts}.{e}"
     scoring: str  # "sigmoid" or "softmax" of the router logits
@@ -632,9 +634,46 @@ BAILING_MOE_V3 = dataclasses.replace(
     extra_files={"configuration_bailing_moe_v3.py": _CONFIGURATION_BAILING_MOE_V3},
 )
 
+# openPangu Ultra MoE's config class is remote code (configuration_openpangu_moe.py in its releases) with
+# DeepSeek-V3's fields: transformers' DeepseekV3Config stands in under its model type.
+_CONFIGURATION_OPENPANGU_MOE = '''\
+"""openPangu Ultra MoE configuration: DeepSeek-V3's fields under its own model type."""
+
+from transformers import DeepseekV3Config
+
+
+class PanguUltraMoEConfig(DeepseekV3Config):
+    model_type = "pangu_ultra_moe"
+'''
+
+
+# openPangu Ultra MoE (PanguUltraMoEForCausalLM, drafted by OpenPanguMTPModel) is DeepSeek-V3's layout
+# (MLA, the MTP layer as layer N), its router without a bias (router_enable_expert_bias off: the MTP
+# draft's loader has no name for the bias the target loads from mlp.e_score_correction_bias).
+OPENPANGU = dataclasses.replace(
+    DEEPSEEK_V3,
+    moe_layout=dataclasses.replace(GLM4_MOE_LAYOUT, router_bias=None),
+    hf_config={
+        **_deepseek_v3_config(),
+        "architectures": ["PanguUltraMoEForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_openpangu_moe.PanguUltraMoEConfig"},
+        "model_type": "pangu_ultra_moe",
+    },
+    extra_files={"configuration_openpangu_moe.py": _CONFIGURATION_OPENPANGU_MOE},
+)
+
 ARCHITECTURES = {
     architecture.name: architecture
-    for architecture in (MIMO, GLM4_MOE, STEP3P5, DEEPSEEK_V3, GLM4_MOE_LITE, HY_V3, BAILING_MOE_V3)
+    for architecture in (
+        MIMO,
+        GLM4_MOE,
+        STEP3P5,
+        DEEPSEEK_V3,
+        GLM4_MOE_LITE,
+        HY_V3,
+        BAILING_MOE_V3,
+        OPENPANGU,
+    )
 }
 
 
@@ -838,7 +877,8 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
     if architecture.is_moe(layer):
         moe = architecture.moe_layout
         weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
-        weights[f"{prefix}.{moe.router_bias}"] = torch.zeros(NUM_EXPERTS)
+        if moe.router_bias:
+            weights[f"{prefix}.{moe.router_bias}"] = torch.zeros(NUM_EXPERTS)
         for mlp in [architecture.dense_mlp(layer), *architecture.routed_experts(layer)]:
             weights.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
     else:
@@ -1201,7 +1241,7 @@ class EngineeredReference:
         prefix, moe = architecture.layer_prefix(layer), architecture.moe_layout
         logits = self._linear(f"{prefix}.{moe.router}", x)
         scores = logits.sigmoid() if moe.scoring == "sigmoid" else logits.softmax(-1)
-        choice = scores + self.weights[f"{prefix}.{moe.router_bias}"]
+        choice = scores + self.weights[f"{prefix}.{moe.router_bias}"] if moe.router_bias else scores
         chosen = choice.topk(NUM_EXPERTS_PER_TOKEN, dim=-1).indices
         routing = scores.gather(-1, chosen)
         routing = routing / routing.sum(-1, keepdim=True)

@@ -38,6 +38,7 @@ E2E_TARGETS = {
     "hy_v3": "hy_v3",
     "bailing_hybrid": "BailingMoeV3ForCausalLM",
     "qwen3_next": "qwen3_next",
+    "pangu_ultra_moe": "pangu_ultra_moe",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -51,6 +52,7 @@ E2E_FILES = {
     "hy_v3": "tests/test_e2e_mtp_acceptance.py",
     "bailing_hybrid": "tests/test_e2e_mtp_acceptance.py",
     "qwen3_next": "tests/test_e2e_mtp_acceptance.py",
+    "pangu_ultra_moe": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

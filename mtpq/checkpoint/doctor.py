@@ -406,6 +406,10 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         crashes.append(
             Verdict(CRASH, f"{architecture.name}'s MTP loader refuses {label} checkpoints", refusal)
         )
+    if not patched and (failure := facts.since(version, architecture.stock_draft_step_fails)):
+        crashes.append(
+            Verdict(CRASH, f"{architecture.name}'s stock MTP draft fails at its first draft step", failure)
+        )
     if casts and patched:
         why = f"loud loading: {_first(casts)} built {label} get no scales from the BF16 tensors"
         crashes.append(Verdict(CRASH, why, facts.PATCHED_UNLOADED))
@@ -599,6 +603,8 @@ def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str],
         return [], f"only compressed-tensors ignore lists are written, not {scheme_label(quantization)}"
     if architecture is None or architecture.draft_name(version) is None:
         return [], f"the names vLLM {version}'s draft builds its modules under are not known here"
+    if facts.since(version, architecture.stock_draft_step_fails):
+        return [], f"stock vLLM {version}'s {architecture.name} MTP draft fails at its first draft step"
     refusals = facts.since(version, architecture.stock_loader_refuses) or {}
     if "compressed-tensors" in refusals:
         loader = f"stock vLLM {version}'s {architecture.name} MTP loader"

@@ -74,6 +74,9 @@ class MtpArchitecture:
     draft_experts: str | None = None
     # Stock release -> error words of a draft loader that refuses, per quant_method (fixed by the series).
     stock_loader_refuses: dict[str, dict[str, str]] = field(default_factory=dict)
+    # Stock release -> the error its draft raises at the first draft step, whatever the checkpoint (the
+    # series fixes it); absent: none.
+    stock_draft_step_fails: dict[str, str] = field(default_factory=dict)
     # Stock release -> what its draft loader does when the config declares MTP layers without tensors:
     # RANDOM_WEIGHTS (it starts) or the error it raises.
     stock_missing_tensors: dict[str, str] = field(default_factory=dict)
@@ -191,7 +194,20 @@ ARCHITECTURES = (
     ),
     MtpArchitecture("EXAONE MoE", model_types=("exaone_moe", "exaone4_5")),
     MtpArchitecture("LongCat-Flash", model_types=("longcat_flash",)),
-    MtpArchitecture("Pangu Ultra MoE", model_types=("pangu_ultra_moe",)),
+    # OpenPanguMultiTokenPredictorLayer builds its decoder block with the layer's prefix (DeepSeek-V3's
+    # layout): quantization reaches it under the checkpoint's names; its eh_proj is a torch Linear.
+    MtpArchitecture(
+        "Pangu Ultra MoE",
+        model_types=("pangu_ultra_moe",),
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0023).
+        stock_draft_step_fails={
+            "0.32.0": "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'"
+        },
+    ),
     # HYV3MultiTokenPredictorLayer nests its decoder layer in `mtp_block` but builds it with the layer's
     # prefix: quantization reaches it under the checkpoint's names.
     MtpArchitecture(
