@@ -106,9 +106,7 @@ class Case:
         if reason := CANNOT_RUN.get(self.arch, {}).get(target):
             return reason
         if "mtp_quant" in self.options:
-            return OWN_SCHEME_CANNOT_RUN.get(self.arch, {}).get(target) or (
-                None if _has_avx512() else W4A16_NEEDS_AVX512
-            )
+            return None if _has_avx512() else W4A16_NEEDS_AVX512
         return None
 
 
@@ -449,15 +447,6 @@ W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CP
 def _has_avx512() -> bool:
     cpuinfo = Path("/proc/cpuinfo")
     return cpuinfo.is_file() and "avx512f" in cpuinfo.read_text()
-
-
-# The v0.22.1 series re-keys MiMo's MTP names only (its 0015), not Step-3.5's block.
-OWN_SCHEME_CANNOT_RUN = {
-    "step3p5": {
-        "0.22.1": "the v0.22.1 series does not build Step-3.5's MTP block in a scheme of its own: it re-keys "
-        "MiMo's MTP names only (the v0.32.0 series' 0019b does Step-3.5's)"
-    }
-}
 
 
 def own_scheme_reference(case: Case) -> Case:
