@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "ernie4_5_moe")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
@@ -166,6 +166,18 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # ERNIE 4.5 MoE's drafter builds its flat MTP block (model.mtp_block.0.*) as model.layers.N, which an
+    # `ignore` naming the checkpoint's names does not reach: stock quantizes the block and loads BF16 into it.
+    Case("ernie4_5_moe", "int8_w8a8", "acceptance 0.0"),
+    Case(
+        "ernie4_5_moe",
+        "w4a16",
+        {
+            "0.22.1": "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+            "0.32.0": "no module or parameter named 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+        },
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
@@ -180,17 +192,29 @@ def case_named(name: str) -> Case:
     return next(case for case in CASES if case.name() == name)
 
 
-# Bad MTP layouts (checkpoints.DAMAGES) in each MLA family's INT8 export: with the series each is an error
-# naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails
-# on a wrong shape without naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+NO_INT8_MOE = "No Int8 MoE backend supports the deployment configuration"
+
+
+def _bad_layouts(arch: str, overdeclared: str) -> list[Case]:
+    """Bad MTP layouts (checkpoints.DAMAGES) in a family's INT8 export: with the series each is an error
+    naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %),
+    fails on a wrong shape without naming it, and ends as `overdeclared` on a declared MTP layer the
+    checkpoint lacks."""
+    return [
+        Case(arch, "int8_w8a8", stock, {"damage": damage})
+        for damage, stock in (
+            ("mtp-tensor-missing", "acceptance 0.0"),
+            ("mtp-tensor-wrong-shape", "AssertionError"),
+            ("mtp-layers-overdeclared", overdeclared),
+        )
+    ]
+
+
 BAD_LAYOUTS = [
-    Case(arch, "int8_w8a8", stock, {"damage": damage})
-    for arch in MLA_FAMILIES
-    for damage, stock in (
-        ("mtp-tensor-missing", "acceptance 0.0"),
-        ("mtp-tensor-wrong-shape", "AssertionError"),
-        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
-    )
+    # The MLA families build a declared MTP layer the checkpoint lacks quantized: the CPU has no Int8 MoE.
+    *(case for arch in MLA_FAMILIES for case in _bad_layouts(arch, NO_INT8_MOE)),
+    # ERNIE's stock draft is already quantized and garbage (CASES) with or without the extra layer.
+    *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
