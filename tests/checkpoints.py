@@ -142,6 +142,7 @@ class MoeLayout:
     shared_expert: str
     routed_experts: str  # expert e lives under f"{routed_experts}.{e}"
     scoring: str  # "sigmoid" or "softmax" of the router logits
+    router_bias_shape: tuple[int, ...] = (NUM_EXPERTS,)
 
 
 GLM4_MOE_LAYOUT = MoeLayout(
@@ -197,7 +198,8 @@ class Architecture:
     The MTP layer is a decoder layer under ``mtp_prefix`` plus two norms, an
     input projection of ``[embeds, hidden]`` (or ``[hidden, embeds]``), a
     final norm and the head its logits use.  Names below are relative to
-    ``mtp_prefix`` unless they say otherwise.
+    ``mtp_prefix`` (the norms and projection to ``mtp_modules_prefix`` where
+    that is set) unless they say otherwise.
     """
 
     hf_config: dict = field(repr=False)
@@ -207,7 +209,7 @@ class Architecture:
     embed_norm: str
     hidden_norm: str
     projection: str
-    final_norm: str
+    final_norm: str | None  # None: the MTP logits read the un-normed hidden state
     head: str  # full checkpoint name of the weight the MTP logits use
     embeds_first: bool
     rotary_dim: int
@@ -229,13 +231,27 @@ class Architecture:
     attention: str = "self_attn"
     attention_output: str = "o_proj"
     extra_files: dict = field(default_factory=dict, repr=False)
+    # Where the MTP norms and projection live when not beside the block (ERNIE's flat model.mtp_*.0).
+    mtp_modules_prefix: str | None = None
+    # The main layers rotate adjacent pairs (GPT-J-style RoPE) instead of halves.
+    main_rotary_interleaved: bool = False
 
     @property
     def name(self) -> str:
         return self.hf_config["model_type"]
 
+    def mtp_module(self, name: str) -> str:
+        """Full checkpoint name of an MTP norm or projection."""
+        return f"{self.mtp_modules_prefix or self.mtp_prefix}.{name}"
+
+    @property
+    def mtp_modules(self) -> list[str]:
+        norms = [self.embed_norm, self.hidden_norm, *filter(None, [self.final_norm])]
+        return [self.mtp_module(name) for name in [*norms, self.projection]]
+
     def is_mtp_tensor(self, name: str) -> bool:
-        return name.startswith(f"{self.mtp_prefix}.")
+        roots = [self.mtp_prefix, *self.mtp_modules]
+        return any(name.startswith(f"{root}.") for root in roots)
 
     def layer_prefix(self, layer: int) -> str:
         return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"model.layers.{layer}"
@@ -322,7 +338,7 @@ class Architecture:
             return unquantized
         if style == "regex":
             return [*unquantized, self.mtp_ignore_regex]
-        mtp_modules = [f"{self.mtp_prefix}.{self.projection}", *self.mtp_block_linears]
+        mtp_modules = [self.mtp_module(self.projection), *self.mtp_block_linears]
         if self.head.startswith(f"{self.mtp_prefix}."):
             mtp_modules.append(self.head.removesuffix(".weight"))
         return unquantized + mtp_modules
@@ -662,6 +678,69 @@ OPENPANGU = dataclasses.replace(
     extra_files={"configuration_openpangu_moe.py": _CONFIGURATION_OPENPANGU_MOE},
 )
 
+# ERNIE 4.5 MoE (Ernie4_5_MoeForCausalLM): GLM-4.5's MoE names with the router bias under moe_statics
+# (stored [1, experts]) and softmax scoring; GPT-J-style RoPE in the main layers. Its MTP layer is a flat
+# block (model.mtp_block.0 a dense Llama layer, model.mtp_emb_norm.0 / mtp_hidden_norm.0 / mtp_linear_proj.0)
+# without a final norm, whose logits use the main lm_head (vllm/model_executor/models/ernie_mtp.py).
+ERNIE45_MOE_LAYOUT = dataclasses.replace(
+    GLM4_MOE_LAYOUT,
+    router_bias="mlp.moe_statics.e_score_correction_bias",
+    scoring="softmax",
+    router_bias_shape=(1, NUM_EXPERTS),
+)
+
+
+def _ernie45_moe_config() -> dict:
+    return {
+        "architectures": ["Ernie4_5_MoeForCausalLM"],
+        "model_type": "ernie4_5_moe",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        "use_bias": False,
+        "moe_num_experts": NUM_EXPERTS,
+        "moe_k": NUM_EXPERTS_PER_TOKEN,
+        "moe_num_shared_experts": 1,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "moe_layer_start_index": FIRST_K_DENSE_REPLACE,
+        "moe_layer_end_index": NUM_HIDDEN_LAYERS - 1,
+        "moe_layer_interval": 1,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "pad_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+ERNIE45_MOE = Architecture(
+    hf_config=_ernie45_moe_config(),
+    mtp_prefix="model.mtp_block.0",
+    mtp_ignore_regex=r"re:model\.mtp_.*",
+    mtp_modules_prefix="model",
+    embed_norm="mtp_emb_norm.0",
+    hidden_norm="mtp_hidden_norm.0",
+    projection="mtp_linear_proj.0",
+    final_norm=None,
+    head="lm_head.weight",
+    embeds_first=True,
+    rotary_dim=HEAD_DIM,
+    moe_layers=tuple(range(FIRST_K_DENSE_REPLACE, NUM_HIDDEN_LAYERS)),
+    moe_layout=ERNIE45_MOE_LAYOUT,
+    attention_bias=False,
+    main_rotary_interleaved=True,
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -673,6 +752,7 @@ ARCHITECTURES = {
         HY_V3,
         BAILING_MOE_V3,
         OPENPANGU,
+        ERNIE45_MOE,
     )
 }
 
@@ -744,7 +824,7 @@ def make_checkpoint(
             mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
             groups["mtp_group"] = (mtp_modules, mtp_quant, mtp_modules)
             ignore = ignore + [
-                f"{architecture.mtp_prefix}.{architecture.projection}",
+                architecture.mtp_module(architecture.projection),
                 *architecture.mtp_kept_bf16_linears,
             ]
         tensors, config["quantization_config"] = _compress_groups(tensors, groups, ignore)
@@ -811,14 +891,9 @@ def build_engineered_weights(
     embeds_columns = slice(0, HIDDEN_SIZE) if architecture.embeds_first else slice(HIDDEN_SIZE, None)
     projection[:, embeds_columns] = rotation  # the previous hidden state is unused
     mtp = architecture.mtp_prefix
-    weights.update(
-        {
-            f"{mtp}.{architecture.embed_norm}.weight": architecture.unit_norm(),
-            f"{mtp}.{architecture.hidden_norm}.weight": architecture.unit_norm(),
-            f"{mtp}.{architecture.final_norm}.weight": architecture.unit_norm(),
-            f"{mtp}.{architecture.projection}.weight": projection,
-        }
-    )
+    *norms, projection_name = architecture.mtp_modules
+    weights.update({f"{norm}.weight": architecture.unit_norm() for norm in norms})
+    weights[f"{projection_name}.weight"] = projection
     weights.setdefault(architecture.head, lm_head.clone())
     if architecture.mtp_embedding:
         weights[f"{mtp}.embed_tokens.weight"] = embed.clone()
@@ -878,7 +953,7 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
         moe = architecture.moe_layout
         weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
         if moe.router_bias:
-            weights[f"{prefix}.{moe.router_bias}"] = torch.zeros(NUM_EXPERTS)
+            weights[f"{prefix}.{moe.router_bias}"] = torch.zeros(moe.router_bias_shape)
         for mlp in [architecture.dense_mlp(layer), *architecture.routed_experts(layer)]:
             weights.update(_random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, output_gain))
     else:
@@ -1251,18 +1326,21 @@ class EngineeredReference:
         picked = outputs.gather(1, chosen[..., None].expand(-1, -1, HIDDEN_SIZE))
         return self._swiglu(architecture.dense_mlp(layer), x) + (routing[..., None] * picked).sum(1)
 
-    def _attention(self, prefix, x, positions):
+    def _attention(self, layer, prefix, x, positions):
         q, k, v = (
             self._linear(f"{prefix}.{name}", x).view(-1, NUM_ATTENTION_HEADS, HEAD_DIM)
             for name in ("q_proj", "k_proj", "v_proj")
         )
         if self.architecture.qk_norm:
             q, k = self._norm(f"{prefix}.q_norm", q), self._norm(f"{prefix}.k_norm", k)
-        rotary_dim = self.architecture.rotary_dim
-        q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
+        if self.architecture.main_rotary_interleaved and layer < NUM_HIDDEN_LAYERS:
+            q, k = _interleaved_rotary(q, positions), _interleaved_rotary(k, positions)
+        else:
+            rotary_dim = self.architecture.rotary_dim
+            q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
         return causal_attention(q, k, v, HEAD_DIM**-0.5)
 
-    def _mla(self, prefix, x, positions):
+    def _mla(self, layer, prefix, x, positions):
         """Multi-head latent attention as DeepSeek-V2/V3 define it (unabsorbed)."""
         sizes, heads = self.architecture.mla, NUM_ATTENTION_HEADS
         q = self._linear(
@@ -1289,7 +1367,7 @@ class EngineeredReference:
         normed = self._norm(f"{prefix}.input_layernorm", hidden)
         attention = self._mla if architecture.mla else self._attention
         attention_prefix = f"{prefix}.{architecture.attention}"
-        attended = attention(attention_prefix, normed, positions).flatten(1)
+        attended = attention(layer, attention_prefix, normed, positions).flatten(1)
         residual = hidden + self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
         normed = self._norm(f"{prefix}.post_attention_layernorm", residual)
         if architecture.is_moe(layer):
@@ -1316,20 +1394,23 @@ class EngineeredReference:
     def mtp_forward(self, next_tokens, previous_hidden, positions):
         """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""
         architecture, weights = self.architecture, self.weights
-        mtp = architecture.mtp_prefix
         embeds = weights[architecture.embedding][torch.as_tensor(next_tokens)]
         if architecture.mtp_zeroes_first_embedding:
             embeds = embeds.masked_fill((positions == 0)[:, None], 0.0)
         parts = [
-            self._norm(f"{mtp}.{architecture.embed_norm}", embeds),
-            self._norm(f"{mtp}.{architecture.hidden_norm}", previous_hidden),
+            self._norm(architecture.mtp_module(architecture.embed_norm), embeds),
+            self._norm(architecture.mtp_module(architecture.hidden_norm), previous_hidden),
         ]
         if not architecture.embeds_first:
             parts.reverse()
-        hidden = torch.cat(parts, dim=-1) @ weights[f"{mtp}.{architecture.projection}.weight"].T
+        projection = weights[f"{architecture.mtp_module(architecture.projection)}.weight"]
+        hidden = torch.cat(parts, dim=-1) @ projection.T
         output, residual = self._decoder_layer(NUM_HIDDEN_LAYERS, hidden, positions)
         mtp_hidden = output + residual
-        normed = self._norm(f"{mtp}.{architecture.final_norm}", mtp_hidden)
+        if architecture.final_norm:
+            normed = self._norm(architecture.mtp_module(architecture.final_norm), mtp_hidden)
+        else:
+            normed = mtp_hidden
         return normed @ weights[architecture.head].T, mtp_hidden
 
     def greedy_generate(self, prompt, num_tokens: int) -> list[int]:

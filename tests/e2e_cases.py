@@ -23,6 +23,7 @@ ARCHITECTURES = (
     "bailing_hybrid",
     QWEN3_NEXT,
     "pangu_ultra_moe",
+    "ernie4_5_moe",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -263,6 +264,18 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # ERNIE 4.5 MoE's drafter builds its flat MTP block (model.mtp_block.0.*) as model.layers.N, which an
+    # `ignore` naming the checkpoint's names does not reach: stock quantizes the block and loads BF16 into it.
+    Case("ernie4_5_moe", "int8_w8a8", "acceptance 0.0"),
+    Case(
+        "ernie4_5_moe",
+        "w4a16",
+        {
+            "0.22.1": "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+            "0.32.0": "no module or parameter named 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+        },
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
@@ -280,19 +293,31 @@ def case_named(name: str) -> Case:
     return next(case for case in CASES if case.name() == name)
 
 
-# Bad MTP layouts (checkpoints.DAMAGES) in the INT8 export of each family whose draft builds its MTP
-# layer under the checkpoint's names: with the series each is an error naming the tensor or the layer;
-# stock vLLM drafts from a parameter the checkpoint never filled (0 %), fails on a wrong shape without
-# naming it, and builds a declared MTP layer the checkpoint lacks quantized.
+NO_INT8_MOE = "No Int8 MoE backend supports the deployment configuration"
+
+
+def _bad_layouts(arch: str, overdeclared: str) -> list[Case]:
+    """Bad MTP layouts (checkpoints.DAMAGES) in a family's INT8 export: with the series each is an error
+    naming the tensor or the layer; stock vLLM drafts from a parameter the checkpoint never filled (0 %),
+    fails on a wrong shape without naming it, and ends as `overdeclared` on a declared MTP layer the
+    checkpoint lacks."""
+    return [
+        Case(arch, "int8_w8a8", stock, {"damage": damage})
+        for damage, stock in (
+            ("mtp-tensor-missing", "acceptance 0.0"),
+            ("mtp-tensor-wrong-shape", "AssertionError"),
+            ("mtp-layers-overdeclared", overdeclared),
+        )
+    ]
+
+
+# The families whose draft builds its MoE MTP layer under the checkpoint's names: stock builds a declared
+# MTP layer the checkpoint lacks quantized, and the CPU has no Int8 MoE.
 BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid", QWEN3_NEXT)
 BAD_LAYOUTS = [
-    Case(arch, "int8_w8a8", stock, {"damage": damage})
-    for arch in BAD_LAYOUT_FAMILIES
-    for damage, stock in (
-        ("mtp-tensor-missing", "acceptance 0.0"),
-        ("mtp-tensor-wrong-shape", "AssertionError"),
-        ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
-    )
+    *(case for arch in BAD_LAYOUT_FAMILIES for case in _bad_layouts(arch, NO_INT8_MOE)),
+    # ERNIE's stock draft is already quantized and garbage (CASES) with or without the extra layer.
+    *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

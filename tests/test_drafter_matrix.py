@@ -39,6 +39,7 @@ E2E_TARGETS = {
     "bailing_hybrid": "BailingMoeV3ForCausalLM",
     "qwen3_next": "qwen3_next",
     "pangu_ultra_moe": "pangu_ultra_moe",
+    "ernie4_5_moe": "ernie4_5_moe",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -53,6 +54,7 @@ E2E_FILES = {
     "bailing_hybrid": "tests/test_e2e_mtp_acceptance.py",
     "qwen3_next": "tests/test_e2e_mtp_acceptance.py",
     "pangu_ultra_moe": "tests/test_e2e_mtp_acceptance.py",
+    "ernie4_5_moe": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

@@ -96,7 +96,8 @@ class Diagnosis:
 
     def stored_layers(self) -> list[str]:
         """The MTP layers the checkpoint stores: the survey's roots that are layers (model.mtp_layers.0,
-        model.layers.61, mtp.0), and the `layers.{i}` under a root that is not (Qwen3.5's mtp.)."""
+        model.layers.61, mtp.0), and the `layers.{i}` under a root that is not (Qwen3.5's mtp.); one root per
+        index where a layer's modules lie under several (ERNIE's model.mtp_block.0, model.mtp_emb_norm.0)."""
         layers = set()
         for prefix in self.survey.prefixes if self.survey else ():
             if prefix.rpartition(".")[2].isdecimal():
@@ -104,7 +105,10 @@ class Diagnosis:
                 continue
             nested = re.compile(rf"({re.escape(prefix)}\.layers\.\d+)\.")
             layers |= {found[1] for name in self.modules() if (found := nested.match(name))}
-        return sorted(layers)
+        by_index = {}
+        for layer in sorted(layers):
+            by_index.setdefault(layer.rpartition(".")[2], layer)
+        return sorted(by_index.values())
 
     def layouts(self) -> list[str]:
         """Where the checkpoint keeps its MTP layers, as MtpArchitecture.layout writes it."""
@@ -233,8 +237,8 @@ def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
 
 def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
     expected = diagnosis.architecture and diagnosis.architecture.layout
-    if expected and diagnosis.layouts() != [expected]:
-        found = ", ".join(diagnosis.layouts())
+    found = ", ".join(diagnosis.layouts())
+    if expected and found != expected:
         return Verdict(
             UNKNOWN, f"MTP tensors under {found}; vLLM's {diagnosis.architecture.name} draft loads {expected}"
         )
@@ -423,6 +427,12 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
     return Verdict(WORKS, "every draft module is built as its tensors are stored")
 
 
+def _module_kind(name: str) -> str:
+    """A module's own name, its index dropped: model.layers.2.eh_proj, model.mtp_linear_proj.0 -> eh_proj,
+    mtp_linear_proj."""
+    return name.rstrip("0123456789.").rpartition(".")[2]
+
+
 def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
     """The checkpoint's MTP modules as the stock draft of a release builds them."""
     checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
@@ -431,7 +441,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
     compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
     modules = []
     for name, stored in diagnosis.modules().items():
-        if architecture and name.rpartition(".")[2] in architecture.plain_linears:
+        if architecture and _module_kind(name) in architecture.plain_linears:
             modules.append(DraftModule(name, stored, None, "unquantized", "outside the quant config"))
             continue
         if naming is None:

@@ -39,6 +39,13 @@ def _mimo_names(module: str, num_hidden_layers: int) -> str:
     return f"model.layers.{num_hidden_layers + int(index)}.{rest}"
 
 
+def _ernie_names(module: str, num_hidden_layers: int) -> str:
+    """ErnieMultiTokenPredictor builds the block model.mtp_block.{i} as the decoder layer
+    `model.layers.{N+i}` (ernie_mtp.py: LlamaDecoderLayer(vllm_config, prefix))."""
+    index, _, rest = module.removeprefix("model.mtp_block.").partition(".")
+    return f"model.layers.{num_hidden_layers + int(index)}.{rest}"
+
+
 # Step3p5MTP._rewrite_spec_layer_name: the MTP layer's modules around its decoder block.
 _STEP3P5_AROUND_BLOCK = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
 
@@ -65,7 +72,9 @@ class MtpArchitecture:
     # count_source None: not established.
     missing_count: int | None = None
     count_source: str | None = None
-    layout: str | None = None  # where the checkpoint keeps MTP layer i ({N+i}: after N decoder layers)
+    # Where the checkpoint keeps MTP layer i ({N+i}: after N decoder layers); ", "-joined where its
+    # modules lie under several roots (ERNIE's flat model.mtp_*.{i}).
+    layout: str | None = None
     # Checkpoint module -> the prefix the draft builds it with, per release; absent: not established.
     draft_names: dict[str, Callable[[str, int], str]] = field(default_factory=dict)
     # Built as torch.nn.Linear or as an LM head: no quantization config reaches them.
@@ -185,7 +194,16 @@ ARCHITECTURES = (
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
     MtpArchitecture("GLM-OCR", architectures=("GlmOcrForConditionalGeneration",)),
-    MtpArchitecture("ERNIE-4.5 MoE", model_types=("ernie4_5_moe",)),
+    MtpArchitecture(
+        "ERNIE-4.5 MoE",
+        model_types=("ernie4_5_moe",),
+        layout=", ".join(
+            f"model.{module}.{{i}}."
+            for module in ("mtp_block", "mtp_emb_norm", "mtp_hidden_norm", "mtp_linear_proj")
+        ),
+        draft_names={"0.22.1": _ernie_names},
+        plain_linears=("mtp_linear_proj",),  # an nn.Linear
+    ),
     MtpArchitecture(
         "Nemotron-H",
         model_types=("nemotron_h", "nemotron_h_puzzle"),

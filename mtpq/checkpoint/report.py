@@ -122,7 +122,7 @@ def _tensors(diagnosis: Diagnosis) -> str:
         )
         found.append(f"{len(modules)} modules under {', '.join(diagnosis.layouts())} in {', '.join(files)}")
         expected = diagnosis.architecture and diagnosis.architecture.layout
-        if expected and diagnosis.layouts() != [expected]:
+        if expected and ", ".join(diagnosis.layouts()) != expected:
             found.append(f"but vLLM's {diagnosis.architecture.name} draft loads {expected}")
         if diagnosis.layers_missing:
             stored = diagnosis.stored_layers()
