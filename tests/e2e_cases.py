@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite")
+ARCHITECTURES = ("mimo", "glm4_moe", "step3p5", "deepseek_v3", "glm4_moe_lite", "mimo_v2_flash", "hy_v3")
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 # Qwen3.5 on the CPU engine: text-only (no image or video inputs), and without prefix caching, whose
 # "align" mamba cache mode copies the Gated DeltaNet state with a Triton kernel
@@ -173,6 +173,10 @@ CASES = [
 DRAFTER_MISSING_LAYER_ERROR = {
     "deepseek_v3": "MTP speculative decoding layer {layer} weights missing from checkpoint",
 }
+# Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
+# disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
+# vllm/config/speculative.py writes that count over the checkpoint's num_nextn_predict_layers).
+DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash",)
 
 
 def case_named(name: str) -> Case:
@@ -190,6 +194,44 @@ BAD_LAYOUTS = [
         ("mtp-tensor-missing", "acceptance 0.0"),
         ("mtp-tensor-wrong-shape", "AssertionError"),
         ("mtp-layers-overdeclared", "No Int8 MoE backend supports the deployment configuration"),
+    )
+]
+
+# MiMo-V2-Flash (MiMoV2MTPModel): stock builds the BF16 MTP layer's qkv_proj and MLP in the trunk's scheme
+# (only its o_proj is kept unquantized) and drafts garbage; the series builds it unquantized.
+MIMO_V2_CASES = [
+    Case("mimo_v2_flash", quant, "acceptance 0.0", {"ignore_style": "unlisted"})
+    for quant in ("int8_w8a8", "w4a16")
+]
+CASES += MIMO_V2_CASES
+BAD_LAYOUTS += [
+    Case("mimo_v2_flash", "int8_w8a8", stock, {"damage": damage})
+    for damage, stock in (
+        ("mtp-tensor-missing", "acceptance 0.0"),
+        ("mtp-tensor-wrong-shape", "AssertionError"),
+        ("mtp-layers-overdeclared", "acceptance 1.0"),
+    )
+]
+
+# HY V3 (HYV3MTPModel) builds its MTP block under model.layers.N.mtp_block, yet stock's INT8 export whose
+# `ignore` names the layer drafts right; unlisted, stock builds the layer's experts in the trunk's scheme.
+HY_V3_MOE_KERNEL_ERROR = {
+    "int8_w8a8": "No Int8 MoE backend supports the deployment configuration",
+    "w4a16": "No WNA16 MoE backend supports the deployment configuration",
+}
+CASES += [
+    Case("hy_v3", "int8_w8a8", "acceptance 1.0"),
+    *[
+        Case("hy_v3", quant, error, {"ignore_style": "unlisted"})
+        for quant, error in HY_V3_MOE_KERNEL_ERROR.items()
+    ],
+]
+BAD_LAYOUTS += [
+    Case("hy_v3", "int8_w8a8", stock, {"damage": damage})
+    for damage, stock in (
+        ("mtp-tensor-missing", "acceptance 0.0"),
+        ("mtp-tensor-wrong-shape", "AssertionError"),
+        ("mtp-layers-overdeclared", HY_V3_MOE_KERNEL_ERROR["int8_w8a8"]),
     )
 ]
 

@@ -35,6 +35,8 @@ E2E_TARGETS = {
     "qwen3_5_moe": "qwen3_5_moe",
     "deepseek_v3": "deepseek_v3",
     "glm4_moe_lite": "Glm4MoeLiteForCausalLM",
+    "mimo_v2_flash": "MiMoV2FlashForCausalLM",
+    "hy_v3": "hy_v3",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -45,6 +47,8 @@ E2E_FILES = {
     "qwen3_5_moe": "tests/test_e2e_qwen3_5.py",
     "deepseek_v3": "tests/test_e2e_mtp_acceptance.py",
     "glm4_moe_lite": "tests/test_e2e_mtp_acceptance.py",
+    "mimo_v2_flash": "tests/test_e2e_mtp_acceptance.py",
+    "hy_v3": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

@@ -183,11 +183,25 @@ ARCHITECTURES = (
     MtpArchitecture("EXAONE MoE", model_types=("exaone_moe", "exaone4_5")),
     MtpArchitecture("LongCat-Flash", model_types=("longcat_flash",)),
     MtpArchitecture("Pangu Ultra MoE", model_types=("pangu_ultra_moe",)),
-    MtpArchitecture("Hunyuan V3", model_types=("hy_v3",)),
+    # HYV3MTP builds its decoder block as `mtp_block` but with the layer's own prefix: quant config entries
+    # match the checkpoint's names. Its eh_proj is a torch Linear; its head loads from lm_head.weight.
+    MtpArchitecture(
+        "Hunyuan V3",
+        model_types=("hy_v3",),
+        layout="model.layers.{N+i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
+    # MiMoV2MTP builds its first MTP layer only, under the checkpoint's names; its eh_proj and (in
+    # MiMoV2Attention, for a prefix under mtp.layers) its o_proj are built without the quant config.
     MtpArchitecture(
         "MiMo-V2",
         architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
         count_field=None,
+        layout="model.mtp.layers.{i}.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj", "o_proj"),
     ),
 )
 
