@@ -199,7 +199,7 @@ ARCHITECTURES = (
         "MiMo-V2",
         architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
         count_field=None,
-        layout="model.mtp.layers.{i}.",
+        layout="model.mtp.",  # the header survey's root; layers model.mtp.layers.{i}
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj", "o_proj"),
     ),
