@@ -230,6 +230,10 @@ class Architecture:
     embedding: str = "model.embed_tokens.weight"
     attention: str = "self_attn"
     attention_output: str = "o_proj"
+    # The MTP layer's norm before its MLP, where it is not named as the main layers' (MiMo-V2's).
+    mtp_pre_mlp_norm: str = "post_attention_layernorm"
+    # Layers whose attention adds a learned per-head sink logit (self_attn.attention_sink_bias).
+    sink_layers: tuple[int, ...] = ()
     extra_files: dict = field(default_factory=dict, repr=False)
     # Where the MTP norms and projection live when not beside the block (ERNIE's flat model.mtp_*.0).
     mtp_modules_prefix: str | None = None
@@ -258,6 +262,10 @@ class Architecture:
 
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
+
+    def pre_mlp_norm(self, layer: int) -> str:
+        norm = self.mtp_pre_mlp_norm if layer == NUM_HIDDEN_LAYERS else "post_attention_layernorm"
+        return f"{self.layer_prefix(layer)}.{norm}"
 
     def attention_linears(self, layer: int, kept_bf16: bool = False) -> list[str]:
         """The attention projections a quantizer covers, or (kept_bf16) those it leaves BF16."""
@@ -741,6 +749,79 @@ ERNIE45_MOE = Architecture(
 )
 
 
+# MiMo-V2-Flash: hybrid attention, layer 1 sliding-window with attention sinks, as is the MTP layer
+# (model.mtp.layers.0, a dense decoder layer whose pre-MLP norm is pre_mlp_layernorm); the main model's
+# lm_head gives the draft logits. The window exceeds every test sequence, so the reference omits it.
+MIMO_V2_HYBRID_LAYER_PATTERN = (0, 1)  # 1: sliding-window attention
+MIMO_V2_SLIDING_WINDOW = MAX_POSITION_EMBEDDINGS // 4
+
+
+def _mimo_v2_flash_config() -> dict:
+    attention = {"num_attention_heads": NUM_ATTENTION_HEADS, "num_key_value_heads": NUM_KEY_VALUE_HEADS}
+    attention |= {"head_dim": HEAD_DIM, "v_head_dim": HEAD_DIM}
+    rope = {"rope_type": "default", "rope_theta": ROPE_THETA, "partial_rotary_factor": 1.0}
+    return {
+        "architectures": ["MiMoV2FlashForCausalLM"],
+        "model_type": "mimo_v2_flash",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        **attention,
+        **{f"swa_{key}": value for key, value in attention.items()},
+        "hybrid_layer_pattern": list(MIMO_V2_HYBRID_LAYER_PATTERN),
+        "layer_types": [
+            ("sliding" if swa else "full") + "_attention" for swa in MIMO_V2_HYBRID_LAYER_PATTERN
+        ],
+        "sliding_window": MIMO_V2_SLIDING_WINDOW,
+        "sliding_window_size": MIMO_V2_SLIDING_WINDOW,
+        "add_swa_attention_sink_bias": True,
+        "add_full_attention_sink_bias": False,
+        "attention_value_scale": None,
+        "attention_bias": False,
+        # A dense main model: vLLM's CPU engine has no INT8 MoE, and the MTP layer is dense anyway.
+        "moe_layer_freq": [0] * NUM_HIDDEN_LAYERS,
+        "mlp_layer_types": ["dense"] * NUM_HIDDEN_LAYERS,
+        "n_routed_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "layernorm_epsilon": RMS_NORM_EPS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_theta": ROPE_THETA,
+        "swa_rope_theta": ROPE_THETA,
+        "partial_rotary_factor": 1.0,
+        "rope_parameters": {"full_attention": rope, "sliding_attention": rope},
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "bos_token_id": None,
+        "eos_token_id": EOS_TOKEN_ID,
+    }
+
+
+MIMO_V2_FLASH = Architecture(
+    hf_config=_mimo_v2_flash_config(),
+    mtp_prefix="model.mtp.layers.0",
+    mtp_ignore_regex=r"re:.*mtp\.layers.*",
+    embed_norm="enorm",
+    hidden_norm="hnorm",
+    projection="eh_proj",
+    final_norm="final_layernorm",
+    head="lm_head.weight",
+    embeds_first=True,
+    rotary_dim=HEAD_DIM,
+    attention_bias=False,
+    mtp_zeroes_first_embedding=False,
+    mtp_pre_mlp_norm="pre_mlp_layernorm",
+    sink_layers=(
+        *(layer for layer, swa in enumerate(MIMO_V2_HYBRID_LAYER_PATTERN) if swa),
+        NUM_HIDDEN_LAYERS,
+    ),
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -753,6 +834,7 @@ ARCHITECTURES = {
         BAILING_MOE_V3,
         OPENPANGU,
         ERNIE45_MOE,
+        MIMO_V2_FLASH,
     )
 }
 
@@ -941,8 +1023,10 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
     prefix = architecture.layer_prefix(layer)
     weights = {
         f"{prefix}.input_layernorm.weight": architecture.unit_norm(),
-        f"{prefix}.post_attention_layernorm.weight": architecture.unit_norm(),
+        f"{architecture.pre_mlp_norm(layer)}.weight": architecture.unit_norm(),
     }
+    if layer in architecture.sink_layers:
+        weights[f"{prefix}.{architecture.attention}.attention_sink_bias"] = randn(NUM_ATTENTION_HEADS)
     if architecture.mla:
         weights.update(_random_mla(architecture, f"{prefix}.{architecture.attention}", randn, output_gain))
     else:
@@ -1283,12 +1367,17 @@ def _interleaved_rotary(x, positions):
     return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
 
 
-def causal_attention(q, k, v, scale):
-    """Softmax attention of every query over the keys up to its own position: (T, heads, dim) each."""
+def causal_attention(q, k, v, scale, sinks=None):
+    """Softmax attention of every query over the keys up to its own position: (T, heads, dim) each.
+    sinks: a per-head logit that joins each softmax and attends to nothing (gpt-oss / MiMo-V2 style)."""
     scores = torch.einsum("qhd,khd->hqk", q, k) * scale
     causal = torch.ones(len(q), len(k), dtype=torch.bool).tril()
     scores = scores.masked_fill(~causal, float("-inf"))
-    return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    if sinks is None:
+        return torch.einsum("hqk,khd->qhd", scores.softmax(-1), v)
+    sink_column = sinks[:, None, None].expand(-1, len(q), 1)
+    probabilities = torch.cat([scores, sink_column], -1).softmax(-1)[..., :-1]
+    return torch.einsum("hqk,khd->qhd", probabilities, v)
 
 
 class EngineeredReference:
@@ -1338,7 +1427,7 @@ class EngineeredReference:
         else:
             rotary_dim = self.architecture.rotary_dim
             q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
-        return causal_attention(q, k, v, HEAD_DIM**-0.5)
+        return causal_attention(q, k, v, HEAD_DIM**-0.5, self.weights.get(f"{prefix}.attention_sink_bias"))
 
     def _mla(self, layer, prefix, x, positions):
         """Multi-head latent attention as DeepSeek-V2/V3 define it (unabsorbed)."""
@@ -1369,7 +1458,7 @@ class EngineeredReference:
         attention_prefix = f"{prefix}.{architecture.attention}"
         attended = attention(layer, attention_prefix, normed, positions).flatten(1)
         residual = hidden + self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
-        normed = self._norm(f"{prefix}.post_attention_layernorm", residual)
+        normed = self._norm(architecture.pre_mlp_norm(layer), residual)
         if architecture.is_moe(layer):
             return self._moe(layer, normed), residual
         return self._swiglu(architecture.dense_mlp(layer), normed), residual

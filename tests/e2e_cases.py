@@ -24,6 +24,7 @@ ARCHITECTURES = (
     QWEN3_NEXT,
     "pangu_ultra_moe",
     "ernie4_5_moe",
+    "mimo_v2_flash",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -77,6 +78,10 @@ CANNOT_RUN = {
     # bad layouts).
     "pangu_ultra_moe": MLA_CANNOT_RUN,
 }
+# Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
+# disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
+# vllm/config/speculative.py writes that count over the checkpoint's num_nextn_predict_layers).
+DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash",)
 
 
 @dataclass(frozen=True)
@@ -264,6 +269,12 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # MiMo-V2-Flash (MiMoV2MTPModel): stock builds the BF16 MTP layer's qkv_proj and MLP in the trunk's
+    # scheme (only its o_proj is kept unquantized) and drafts garbage; the series builds it unquantized.
+    *[
+        Case("mimo_v2_flash", quant, "acceptance 0.0", {"ignore_style": "unlisted"})
+        for quant in ("int8_w8a8", "w4a16")
+    ],
     # ERNIE 4.5 MoE's drafter builds its flat MTP block (model.mtp_block.0.*) as model.layers.N, which an
     # `ignore` naming the checkpoint's names does not reach: stock quantizes the block and loads BF16 into it.
     Case("ernie4_5_moe", "int8_w8a8", "acceptance 0.0"),
@@ -318,6 +329,8 @@ BAD_LAYOUTS = [
     *(case for arch in BAD_LAYOUT_FAMILIES for case in _bad_layouts(arch, NO_INT8_MOE)),
     # ERNIE's stock draft is already quantized and garbage (CASES) with or without the extra layer.
     *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
+    # MiMo-V2's drafter builds its first MTP layer only (DRAFTER_BUILDS_FIRST_LAYER_ONLY): nothing is lost.
+    *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

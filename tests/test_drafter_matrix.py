@@ -40,6 +40,7 @@ E2E_TARGETS = {
     "qwen3_next": "qwen3_next",
     "pangu_ultra_moe": "pangu_ultra_moe",
     "ernie4_5_moe": "ernie4_5_moe",
+    "mimo_v2_flash": "MiMoV2FlashForCausalLM",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -55,6 +56,7 @@ E2E_FILES = {
     "qwen3_next": "tests/test_e2e_mtp_acceptance.py",
     "pangu_ultra_moe": "tests/test_e2e_mtp_acceptance.py",
     "ernie4_5_moe": "tests/test_e2e_mtp_acceptance.py",
+    "mimo_v2_flash": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

@@ -245,10 +245,15 @@ ARCHITECTURES = (
         draft_names={"0.22.1": _checkpoint_names},
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
+    # MiMoV2MTP builds its first MTP layer only, under the checkpoint's names; its eh_proj and (in
+    # MiMoV2Attention, for a prefix under mtp.layers) its o_proj are built without the quant config.
     MtpArchitecture(
         "MiMo-V2",
         architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
         count_field=None,
+        layout="model.mtp.",  # the header survey's root; layers model.mtp.layers.{i}
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj", "o_proj"),
     ),
 )
 
