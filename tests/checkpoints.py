@@ -352,6 +352,15 @@ class Architecture:
         return unquantized + mtp_modules
 
 
+# Fields every engineered config.json shares: untied head, BF16, the tokenizer's end-of-sequence token.
+ENGINEERED_CONFIG_FIELDS = {
+    "tie_word_embeddings": False,
+    "torch_dtype": "bfloat16",
+    "bos_token_id": None,
+    "eos_token_id": EOS_TOKEN_ID,
+}
+
+
 def _mimo_config() -> dict:
     return {
         "architectures": ["MiMoForCausalLM"],
@@ -368,11 +377,8 @@ def _mimo_config() -> dict:
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_theta": ROPE_THETA,
-        "tie_word_embeddings": False,
         "use_sliding_window": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -408,10 +414,7 @@ def _glm4_moe_config() -> dict:
             "rope_theta": ROPE_THETA,
             "partial_rotary_factor": GLM_PARTIAL_ROTARY_FACTOR,
         },
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -440,10 +443,7 @@ def _step3p5_config() -> dict:
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_theta": ROPE_THETA,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -521,10 +521,7 @@ def _deepseek_v3_config() -> dict:
         "rope_theta": ROPE_THETA,
         "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
         "attention_bias": False,
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -580,10 +577,7 @@ def _hy_v3_config() -> dict:
         "attention_bias": False,
         "num_nextn_predict_layers": 1,
         "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -634,11 +628,8 @@ def _bailing_moe_v3_config() -> dict:
         "num_nextn_predict_layers": 1,
         "rope_theta": ROPE_THETA,
         "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
         "pad_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -722,11 +713,8 @@ def _ernie45_moe_config() -> dict:
         "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
         "rms_norm_eps": RMS_NORM_EPS,
         "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
         "pad_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
@@ -794,10 +782,7 @@ def _mimo_v2_flash_config() -> dict:
         "swa_rope_theta": ROPE_THETA,
         "partial_rotary_factor": 1.0,
         "rope_parameters": {"full_attention": rope, "sliding_attention": rope},
-        "tie_word_embeddings": False,
-        "torch_dtype": "bfloat16",
-        "bos_token_id": None,
-        "eos_token_id": EOS_TOKEN_ID,
+        **ENGINEERED_CONFIG_FIELDS,
     }
 
 
