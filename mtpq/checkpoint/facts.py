@@ -303,7 +303,7 @@ def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple
 
 
 # Series that build each drafter's MTP layer in the config group the checkpoint gives it by its own
-# names (the quant config re-keyed onto the draft's: v0.22.1 series' 0012-0015a, v0.33.0 series'
+# names (the quant config re-keyed onto the draft's: v0.22.1 series' 0012-0015a and 0018, v0.33.0 series'
 # 0014-0019): first release.
 SERIES_KEEPS_MTP_OWN_SCHEME = {"0.22.1": True}
 # compressed-tensors' find_matched_target: a fused linear whose shards a config group names takes that
