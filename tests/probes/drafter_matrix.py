@@ -44,6 +44,7 @@ from mtp_vllm import (
     describe_linears,
     draft_quant_decision,
     failure,
+    inspect_in_process,
     kernel_choice_stand_ins,
     load_mtp_draft_weights,
     mla_wrapper_stand_ins,
@@ -324,19 +325,6 @@ def target_config(drafter: Drafter, model_type: str, architecture: str) -> dict:
     }
 
 
-def _inspect_in_process(*architectures: str) -> None:
-    """vLLM inspects a model class in a subprocess (~20 s each, cold) and reports a class it cannot
-    import as "failed to be inspected"; the probe imports them here (an import error is the row's
-    finding) and registers the classes, which vLLM then inspects in this process."""
-    from vllm.model_executor.models.registry import ModelRegistry
-
-    for architecture in architectures:
-        model_class = ModelRegistry.models[architecture].load_model_cls()
-        # Some platforms serve an architecture with a stand-in that is no module: vLLM handles it.
-        if issubclass(model_class, torch.nn.Module):
-            ModelRegistry.register_model(architecture, model_class)
-
-
 def _naming_candidates(parameter: str, hidden_layers: int) -> list[tuple[str, str]]:
     """(root, rest) pairs: on-disk names ``root + rest`` a draft parameter could be stored under. The
     rest is what follows the draft's layer root (or its first component), with or without the wrapper
@@ -504,7 +492,7 @@ def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
 def _build(drafter: Drafter, directory: Path, architecture: str):
     """(draft, vllm_config, whether its attention is multi-head latent attention, which the CPU
     platform does not run: its wrapper stood in)."""
-    _inspect_in_process(architecture, drafter.key)
+    inspect_in_process(architecture, drafter.key)
     mla_wrapper = mock.MagicMock()
     stand_ins = [
         *kernel_choice_stand_ins(),

@@ -236,6 +236,7 @@ def in_process_executor():
 
 
 def run_one(spec: dict, in_process: bool) -> dict:
+    from mtp_vllm import inspect_mtp_classes_in_process
     from vllm import LLM, SamplingParams
 
     engine_args = {
@@ -250,6 +251,7 @@ def run_one(spec: dict, in_process: bool) -> dict:
         "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
         **spec.get("engine_args", {}),
     }
+    inspect_mtp_classes_in_process(spec["model"])
     with ExitStack() as stack:
         if in_process:
             engine_args["distributed_executor_backend"] = in_process_executor()

@@ -172,12 +172,42 @@ def deepseek_v4_stand_ins() -> list[contextlib.AbstractContextManager]:
     ]
 
 
+def inspect_in_process(*architectures: str) -> None:
+    """vLLM inspects a model class in a subprocess that imports vLLM again (~15 s each on a cold
+    cache) and reports a class it cannot import as "failed to be inspected"; this imports them here
+    (an import error raises) and registers the classes, which vLLM then inspects in this process."""
+    from vllm.model_executor.models.registry import ModelRegistry
+
+    for architecture in architectures:
+        model_class = ModelRegistry.models[architecture].load_model_cls()
+        # Some platforms serve an architecture with a stand-in that is no module: vLLM handles it.
+        if issubclass(model_class, torch.nn.Module):
+            ModelRegistry.register_model(architecture, model_class)
+
+
+def inspect_mtp_classes_in_process(checkpoint_dir: Path | str) -> None:
+    """The target and MTP draft classes vLLM will build for a checkpoint, inspected in this process.
+    Only a speed-up: where they cannot be named or imported here, vLLM meets the same failure itself."""
+    from vllm.config import SpeculativeConfig
+    from vllm.transformers_utils.config import get_config
+
+    try:
+        target = get_config(str(checkpoint_dir), trust_remote_code=True)
+        draft = get_config(
+            str(checkpoint_dir), trust_remote_code=True, hf_overrides_fn=SpeculativeConfig.hf_config_override
+        )
+        inspect_in_process(*dict.fromkeys([*target.architectures, *draft.architectures]))
+    except Exception:  # noqa: BLE001 (vLLM reports it when it builds the model)
+        return
+
+
 def mtp_vllm_config(
     checkpoint_dir: Path, speculative_options: dict | None = None, cache_options: dict | None = None
 ):
     """The VllmConfig of a one-token MTP run on the checkpoint (no tokenizer, no weights read)."""
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
 
+    inspect_mtp_classes_in_process(checkpoint_dir)
     model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
     speculative_config = SpeculativeConfig(
         method="mtp",
