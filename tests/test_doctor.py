@@ -372,6 +372,54 @@ def test_a_modelopt_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_
             ) in refused.error
 
 
+GPTQ_INT4 = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
+GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
+    "excluded-by-a-dynamic-rule": (
+        {**GPTQ_INT4, "dynamic": {r"-:model\.mtp_layers\..*": {}}},
+        "is excluded by its dynamic rule '-:model\\\\.mtp_layers\\\\..*', so it would be built unquantized",
+    ),
+    "a-dynamic-rule-builds-other-bits": (
+        {**GPTQ_INT4, "dynamic": {r"+:model\.mtp_layers\..*": {"bits": 8}}},
+        "packs 4-bit weights but is built by its dynamic rule '+:model\\\\.mtp_layers\\\\..*' as 8-bit GPTQ",
+    ),
+    "outside-block-name-to-quantize": (
+        {"quant_method": "auto-round", "bits": 4, "group_size": 32, "block_name_to_quantize": "model.layers"},
+        "is in no block of the config's block_name_to_quantize ['model.layers'], so it would be built "
+        "unquantized",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER)
+def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up(
+    tmp_path, case
+):
+    """A GPTQ INT4 MTP layer beside a GPTQ trunk, named by a dynamic rule (GPTQ) or left outside
+    block_name_to_quantize (AutoRound): the v0.32.0/v0.33.0 series refuse (0025), v0.22.1's does not
+    check; a rule that builds what is stored is not refused."""
+    quantization, words = GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER[case]
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path, quantized(layout, quantization), {"model.safetensors": layout.tensors("gptq", "gptq")}
+    )
+
+    found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
+
+    for version in ("0.32.0", NEWEST):
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH, refused
+        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert f"MTP module {MIMO_MTP}." in refused.error and words in refused.error, refused.error
+    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
+    rebuilt = {**GPTQ_INT4, "dynamic": {r"+:model\.mtp_layers\..*": {"bits": 4}}}
+    write_checkpoint(
+        tmp_path, quantized(layout, rebuilt), {"model.safetensors": layout.tensors("gptq", "gptq")}
+    )
+    assert "draft_quant_config" not in (
+        verdict(doctor.diagnose(tmp_path, [NEWEST], "cuda"), "patched", NEWEST).error or ""
+    )
+
+
 # Each MTP module's on-disk format, as the series' survey labels it.
 FORMAT_LABELS = {
     "bf16": "BF16",

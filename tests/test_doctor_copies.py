@@ -263,3 +263,51 @@ def test_the_modelopt_matching_the_series_start_up_check_runs_on_without_vllm_is
                 assert ours._resolve_quant_algo(name) == theirs._resolve_quant_algo(name), (name, config)
             else:
                 assert ours.quant_method == theirs.quant_method
+
+
+def random_gptq_rule(rng: random.Random) -> str:
+    """A GPTQ dynamic rule or AutoRound extra_config key: a name, a suffix or a regex, "+:"/"-:"."""
+    prefix, parent, leaf = rng.choice(PREFIXES), rng.choice(PARENTS), rng.choice(LEAVES)
+    pattern = rng.choice(
+        [f"{prefix}.{parent}.{leaf}", leaf, rf".*\.{parent}\..*", rf"{re.escape(prefix)}\..*"]
+    )
+    return rng.choice(["", "+:", "-:"]) + pattern
+
+
+@pytest.mark.skipif(
+    INSTALLED == "0.22.1",
+    reason="the GPTQ and AutoRound start-up check is the v0.32.0/v0.33.0 series' (0025), and its served "
+    "matching follows their vLLM; 0.22.1's is_layer_gptq_quantized takes no nested lists",
+)
+def test_the_gptq_and_inc_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
+    """The survey's check_mtp_quant_schemes builds vLLM's GPTQ config (dynamic rules,
+    modules_in_block_to_quantize) or AutoRound/INC config (extra_config, block_name_to_quantize) and
+    asks it which bits build each module; the doctor serves it mtpq.checkpoint.matching's instead."""
+    from vllm.model_executor.layers.quantization import get_quantization_config
+    from vllm.model_executor.layers.quantization.utils import gptq_utils
+
+    rng = random.Random(30)
+    for _ in range(250):
+        names = [f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}" for _ in range(4)]
+        rules = {random_gptq_rule(rng): {"bits": rng.choice([4, 8, 16])} for _ in range(rng.randrange(4))}
+        blocks = rng.sample(PREFIXES, rng.randrange(3))
+        gptq = {"quant_method": "gptq", "bits": 4, "group_size": 32, "desc_act": False, "sym": True}
+        gptq |= {"dynamic": {key: rule for key, rule in rules.items() if rule["bits"] != 16}}
+        gptq["modules_in_block_to_quantize"] = [rng.sample(names, rng.randrange(3))]
+        inc = {"quant_method": "auto-round", "bits": 4, "group_size": 32, "block_name_to_quantize": blocks}
+        inc["extra_config"] = {key.removeprefix("+:").removeprefix("-:"): rule for key, rule in rules.items()}
+        ours = matching.get_quantization_config("auto_gptq").from_config(gptq)
+        theirs = get_quantization_config("auto_gptq").from_config(gptq)
+        for name in names:
+            for key, default in ((None, None), ("bits", 4)):
+                assert matching.get_dynamic_override(
+                    ours, name, key, default
+                ) == gptq_utils.get_dynamic_override(theirs, name, key, default), (name, gptq)
+            assert matching.is_layer_gptq_quantized(
+                name, ours.modules_in_block_to_quantize
+            ) == gptq_utils.is_layer_gptq_quantized(name, theirs.modules_in_block_to_quantize), (name, gptq)
+        ours = matching.get_quantization_config("inc").from_config(inc)
+        theirs = get_quantization_config("inc").from_config(inc)
+        assert ours.block_name_to_quantize == theirs.block_name_to_quantize
+        for name in names:
+            assert ours.get_layer_config(None, name)[0] == theirs.get_layer_config(None, name)[0], (name, inc)

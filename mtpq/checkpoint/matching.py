@@ -1,6 +1,6 @@
-"""vLLM's compressed-tensors and ModelOpt name matching, for running the series' own start-up check
-of the config that builds the MTP modules (the survey module's check_mtp_quant_schemes) without vLLM,
-and for the doctor's matching.
+"""vLLM's compressed-tensors, ModelOpt, GPTQ and AutoRound/INC name matching, for running the
+series' own start-up check of the config that builds the MTP modules (the survey module's
+check_mtp_quant_schemes) without vLLM, and for the doctor's matching.
 
 The check calls these by vLLM's names with checkpoint module names, which are never fused, so no
 fused-layer mapping is needed. tests/test_doctor_copies.py compares them with vLLM's own.
@@ -96,10 +96,81 @@ class _ModelOptMixedPrecisionConfig(_ModelOptConfig):
         )
 
 
-def get_quantization_config(method: str) -> type[_ModelOptConfig]:
+# vLLM's GPTQ and AutoRound/INC configs, as far as the check reads them: GPTQ's dynamic rules and
+# modules_in_block_to_quantize, and the bits INC gives a module (extra_config by name, suffix or
+# regex; block_name_to_quantize).
+def get_dynamic_override(config: object, layer_name: str, key: str | None = None, default_value=None):
+    for pattern, rule in config.dynamic.items():
+        if pattern.startswith("-:"):
+            if re.match(pattern.removeprefix("-:"), layer_name):
+                return False
+        elif re.match(pattern.removeprefix("+:"), layer_name):
+            return rule if key is None else rule.get(key, default_value)
+    return default_value
+
+
+def is_layer_gptq_quantized(prefix: str, quantized_layers: list) -> bool:
+    flat = [name for entry in quantized_layers for name in (entry if isinstance(entry, list) else [entry])]
+    return not flat or any(name in prefix for name in flat)
+
+
+class _AutoGPTQConfig:
+    def __init__(self, config: dict) -> None:
+        self.weight_bits = config["bits"]
+        self.dynamic = config.get("dynamic") or {}
+        self.modules_in_block_to_quantize = config.get("modules_in_block_to_quantize") or []
+
+    @classmethod
+    def from_config(cls, config: dict) -> _AutoGPTQConfig:
+        return cls(config)
+
+
+class _INCConfig(_AutoGPTQConfig):
+    _REGEX_CHARS = set(r"*+?^$()[]{}|\\")
+
+    def __init__(self, config: dict) -> None:
+        super().__init__(config)
+        self.data_type = "fp" if config.get("data_type", "int") == "fp8" else config.get("data_type", "int")
+        blocks = config.get("block_name_to_quantize", config.get("to_quant_block_names"))
+        self.block_name_to_quantize = blocks.split(",") if isinstance(blocks, str) else blocks
+        self.extra_config = config.get("extra_config")
+
+    def get_layer_config(self, layer: None, name: str) -> tuple[int, None, None]:
+        """The bits of an unfused checkpoint module (the check reads no group size or symmetry)."""
+        extra = self.extra_config or {}
+        key = next((key for key in extra if name == key), None) or next(
+            (key for key in extra if name.endswith(f".{key}")), None
+        )
+        if key is not None:
+            return extra[key].get("bits", self.weight_bits), None, None
+        quantized = not self.block_name_to_quantize or any(
+            name.startswith(block) for block in self.block_name_to_quantize
+        )
+        default = self.weight_bits if quantized else 16
+        rule = next(
+            (
+                rule
+                for pattern, rule in extra.items()
+                if self._REGEX_CHARS & set(pattern) and _searches(pattern, name)
+            ),
+            {},
+        )
+        return rule.get("bits", default), None, None
+
+
+def _searches(pattern: str, name: str) -> bool:
+    try:
+        return re.search(pattern, name) is not None
+    except re.error:
+        return False
+
+
+def get_quantization_config(method: str) -> type[_ModelOptConfig] | type[_AutoGPTQConfig]:
     return {
         "modelopt": _ModelOptConfig,
         "modelopt_fp4": _ModelOptFp4Config,
         "modelopt_mxfp8": _ModelOptMxFp8Config,
         "modelopt_mixed": _ModelOptMixedPrecisionConfig,
+        "auto_gptq": _AutoGPTQConfig,
+        "inc": _INCConfig,
     }[method]

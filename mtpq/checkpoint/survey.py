@@ -40,6 +40,7 @@ _SERVED = {
     "vllm.model_executor.layers.quantization.compressed_tensors.utils": matching,
     "vllm.model_executor.layers.quantization.utils.config_utils": matching,
     "vllm.model_executor.layers.quantization": matching,
+    "vllm.model_executor.layers.quantization.utils.gptq_utils": matching,
 }
 _NO_NEWLINE = "\\ No newline at end of file"
 

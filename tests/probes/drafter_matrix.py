@@ -465,8 +465,16 @@ OWN_SCHEME_PAIRS = {
             "weight_scale": torch.ones(rows, 1),
         },
     ),
-    # GPTQ's config is not checked against the stored format: its FP8 tensors stand in.
-    "GPTQ INT4 / GPTQ INT8": (gptq_own_bits_quantization, None),
+    # GPTQ packs 4-bit weights along the input (qweight) and zero points along the output (qzeros).
+    "GPTQ INT4 / GPTQ INT8": (
+        gptq_own_bits_quantization,
+        lambda rows, columns: {
+            "qweight": torch.zeros(columns // 8, rows, dtype=torch.int32),
+            "qzeros": torch.zeros(columns // 32, rows // 8, dtype=torch.int32),
+            "scales": torch.ones(columns // 32, rows, dtype=torch.float16),
+            "g_idx": torch.zeros(columns, dtype=torch.int32),
+        },
+    ),
 }
 
 
