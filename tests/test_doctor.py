@@ -247,6 +247,37 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
         assert verdict(found, "patched", version).kind == doctor.WORKS, version
 
 
+@pytest.mark.parametrize(("name", "draft_names_differ"), [("mimo", True), ("deepseek_v3", False)])
+def test_an_fp8_mtp_layer_beside_an_nvfp4_modelopt_trunk_is_built_fp8_where_the_draft_names_it_alike(
+    tmp_path, name, draft_names_differ
+):
+    """ModelOpt mixed precision (nvidia/DeepSeek-V4-Pro-NVFP4's layout): NVFP4 trunk, FP8 MTP layer,
+    each module in a quantized_layers entry under its checkpoint name. A draft built under other names
+    (MiMo's) finds no entry on stock vLLM and builds the layer unquantized; every series re-keys the
+    entries onto the draft's names."""
+    layout = LAYOUTS[name]
+    tensors = layout.tensors("nvfp4", "fp8")
+    mtp_tensors = tensors.keys() - layout.main("nvfp4").keys()
+    entries = {
+        tensor.removesuffix(".weight_scale"): {"quant_algo": "FP8"}
+        if tensor in mtp_tensors
+        else {"quant_algo": "NVFP4", "group_size": 16}
+        for tensor in tensors
+        if tensor.endswith(".weight_scale")
+    }
+    quantization = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": entries}
+    write_checkpoint(tmp_path, quantized(layout, quantization), {"model.safetensors": tensors})
+
+    found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
+
+    missed = "by another quantized_layers entry than the checkpoint names the MTP layer's by"
+    for version in (OLDEST, "0.32.0", NEWEST):
+        built = verdict(found, "stock", version)
+        assert (missed in built.why) == draft_names_differ, (version, built)
+        assert (built.kind == doctor.CRASH) == draft_names_differ, (version, built)
+        assert verdict(found, "patched", version).kind == doctor.WORKS, version
+
+
 def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_stock_0_22_1(tmp_path):
     """The MTP layer's group targets its linears by exact (unfused) names, as llm-compressor's mtp_scheme
     writes them, beside a trunk group on "Linear": stock 0.22.1 ranks the class name before a fused

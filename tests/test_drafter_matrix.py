@@ -344,7 +344,16 @@ def test_own_scheme_rows_tell_apart_own_target_and_mixed_schemes():
 def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     wna16, int8 = "CompressedTensorsWNA16", "CompressedTensorsW8A8Int8"
     pairs = {"W4A16 / INT8": {"schemes": {"a": wna16}}, "INT8 / W4A16": {"schemes": {"a": int8}}}
-    own = {"GPTQ INT4 / GPTQ INT8": {"schemes": {"a": "AutoGPTQLinearMethod int4"}}}
+    own = {
+        "GPTQ INT4 / GPTQ INT8": {"schemes": {"a": "AutoGPTQLinearMethod int4"}},
+        # vLLM 0.32's one ModelOpt linear method, 0.22.1's FP8 one: the weight dtype tells FP8 from NVFP4.
+        "FP8 / NVFP4 ModelOpt": {
+            "schemes": {
+                "a": "ModelOptLinearMethod float8_e4m3fn",
+                "b": "ModelOptFp8LinearMethod float8_e4m3fn",
+            }
+        },
+    }
 
     def row(found: dict) -> str:
         return drafters.own_scheme_pairs_outcome({"own_scheme": {"pairs": found}})
@@ -358,6 +367,9 @@ def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     )
     assert row({"INT8 / W4A16": {"schemes": {"a": int8, "b": wna16}}}).startswith(
         "INT8 / W4A16: 1 of 2 layers in its own scheme"
+    )
+    assert row({"FP8 / NVFP4 ModelOpt": {"schemes": {"a": "ModelOptLinearMethod uint8"}}}) == (
+        "FP8 / NVFP4 ModelOpt: the target's scheme (ModelOptLinearMethod uint8)"
     )
 
 

@@ -458,12 +458,29 @@ def gptq_own_bits_quantization(mtp_roots: list[str]) -> dict:
     }
 
 
+def modelopt_fp8_beside_nvfp4_quantization(mtp_modules: list[str]) -> dict:
+    """A ModelOpt NVFP4 target whose MTP layer is FP8 (nvidia/DeepSeek-V4-Pro-NVFP4's layout): mixed
+    precision, every quantized module in its own quantized_layers entry under the checkpoint's name (a
+    trunk one, which no draft builds, beside the MTP modules stored quantized)."""
+    return {
+        "quant_method": "modelopt",
+        "quant_algo": "MIXED_PRECISION",
+        "kv_cache_quant_algo": None,
+        "ignore": ["lm_head"],
+        "quantized_layers": {
+            "model.layers.0.self_attn.o_proj": {"quant_algo": "NVFP4", "group_size": 16},
+            **{module: {"quant_algo": "FP8"} for module in mtp_modules},
+        },
+    }
+
+
 # The other scheme pairs (MTP layer / target, as drafters.OWN_SCHEME_MARKERS names them), each built
-# with the series and stock: (its quantization config from the MTP roots, the tensors of an (rows,
-# columns) MTP weight stored in the MTP layer's format, keyed by the weight's name without "weight").
+# with the series and stock: (its quantization config from the MTP roots and the MTP modules stored
+# quantized, the tensors of an (rows, columns) MTP weight stored in the MTP layer's format, keyed by
+# the weight's name without "weight").
 OWN_SCHEME_PAIRS = {
     "W4A16 / INT8": (
-        lambda roots: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
+        lambda roots, _: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
         lambda rows, columns: {
             "weight_packed": torch.zeros(rows, columns // 8, dtype=torch.int32),
             "weight_scale": torch.ones(rows, columns // 16, dtype=torch.bfloat16),
@@ -471,33 +488,53 @@ OWN_SCHEME_PAIRS = {
         },
     ),
     "INT8 / W4A16": (
-        lambda roots: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
+        lambda roots, _: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
         lambda rows, columns: {
             "weight": torch.zeros(rows, columns, dtype=torch.int8),
             "weight_scale": torch.ones(rows, 1),
         },
     ),
     # GPTQ's config is not checked against the stored format: its FP8 tensors stand in.
-    "GPTQ INT4 / GPTQ INT8": (gptq_own_bits_quantization, None),
+    "GPTQ INT4 / GPTQ INT8": (lambda roots, _: gptq_own_bits_quantization(roots), None),
+    # ModelOpt FP8: per-tensor weight and input scales.
+    "FP8 / NVFP4 ModelOpt": (
+        lambda _, modules: modelopt_fp8_beside_nvfp4_quantization(modules),
+        lambda rows, columns: {
+            "weight": torch.zeros(rows, columns).to(torch.float8_e4m3fn),
+            "weight_scale": torch.ones(()),
+            "input_scale": torch.ones(()),
+        },
+    ),
 }
 
 
 def _scheme(module: torch.nn.Module) -> str:
     """A layer's compressed-tensors scheme or quant method, with GPTQ's bits (which dynamic rules set per
-    layer)."""
+    layer), and a ModelOpt linear's weight dtype (vLLM 0.32's one ModelOpt linear method serves every
+    format)."""
     name = type(getattr(module, "scheme", None) or module.quant_method).__name__
     bits = getattr(getattr(module.quant_method, "quant_config", None), "weight_bits", None)
-    return f"{name} int{bits}" if "GPTQ" in name and bits else name
+    if "GPTQ" in name and bits:
+        return f"{name} int{bits}"
+    if name.startswith("ModelOpt") and isinstance(getattr(module, "weight", None), torch.Tensor):
+        return f"{name} {str(module.weight.dtype).removeprefix('torch.')}"
+    return name
 
 
 def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
-    """The compressed-tensors scheme of every linear that has one, GPTQ linears' methods, and the MoE
-    layers' quant methods."""
+    """The compressed-tensors scheme of every linear that has one, GPTQ and ModelOpt linears' methods,
+    and the quantized MoE layers' quant methods (a MoE layer a ModelOpt mixed-precision config has no
+    entry for is built unquantized, as its linears are)."""
+
+    def quantized(module: torch.nn.Module) -> bool:
+        method = type(getattr(module, "quant_method", None)).__name__
+        kinds = ("MoEMethod", "GPTQ", "ModelOpt")
+        return not method.startswith("Unquantized") and any(kind in method for kind in kinds)
+
     return {
         name: _scheme(module)
         for name, module in draft.named_modules()
-        if getattr(module, "scheme", None) is not None
-        or any(kind in type(getattr(module, "quant_method", None)).__name__ for kind in ("MoEMethod", "GPTQ"))
+        if getattr(module, "scheme", None) is not None or quantized(module)
     }
 
 
@@ -520,12 +557,12 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
     """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (as the
     checkpoint names them: the block's root, and the glue module, Qwen3.5's "mtp.fc"), and how it
     loads that layer's FP8 weight and block scales for its block parameter."""
+    first_namings = [(role, *naming["accepted"][0]) for role, naming in namings.items() if naming["accepted"]]
     roots = sorted(
-        root if role == "block" else root + rest.removesuffix(".weight")
-        for role, naming in namings.items()
-        if naming["accepted"]
-        for root, rest in naming["accepted"][:1]
+        root if role == "block" else root + rest.removesuffix(".weight") for role, root, rest in first_namings
     )
+    # The modules whose weights a checkpoint of the layer stores: the block's named one, and the glue.
+    modules = sorted(root + rest.removesuffix(".weight") for _, root, rest in first_namings)
     block = namings.get("block", {})
     if not roots or not block.get("accepted"):
         return {}
@@ -555,7 +592,7 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
                 drafter,
                 config,
                 architecture,
-                quantization_for(roots),
+                quantization_for(roots, modules),
                 {base + key: value for key, value in stored(rows, columns).items()}
                 if stored
                 else fp8_tensors,
