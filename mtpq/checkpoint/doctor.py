@@ -365,7 +365,11 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
                 "different quantization schemes",
             )
         )
-    keeps_own_scheme = patched and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
+    keeps_own_scheme = (
+        patched
+        and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
+        and (architecture is None or architecture.series_rekeys_quant_config)
+    )
     shards_before_class = patched or bool(facts.since(version, facts.SHARD_NAMES_BEFORE_CLASS))
     if not keeps_own_scheme and (
         missed := [

@@ -79,6 +79,10 @@ class MtpArchitecture:
     draft_names: dict[str, Callable[[str, int], str]] = field(default_factory=dict)
     # Built as torch.nn.Linear or as an LM head: no quantization config reaches them.
     plain_linears: tuple[str, ...] = ()
+    # False: no series re-keys this drafter's quant config onto the names it builds its MTP layer under
+    # (SERIES_KEEPS_MTP_OWN_SCHEME does not hold for it), so entries naming the layer as the checkpoint
+    # does miss the modules built under other names, with the series as on stock.
+    series_rekeys_quant_config: bool = True
     # The draft's routed experts, known without tensors ({layer}: num_hidden_layers + i).
     draft_experts: str | None = None
     # Stock release -> error words of a draft loader that refuses, per quant_method (fixed by the series).
@@ -203,6 +207,9 @@ ARCHITECTURES = (
         ),
         draft_names={"0.22.1": _ernie_names},
         plain_linears=("mtp_linear_proj",),  # an nn.Linear
+        # ErnieMTP calls no align_mtp_quant_config (measured: tests/test_drafter_matrix.py's
+        # OWN_SCHEME_PAIR_GAPS).
+        series_rekeys_quant_config=False,
     ),
     MtpArchitecture(
         "Nemotron-H",

@@ -516,8 +516,10 @@ def _scheme(module: torch.nn.Module) -> str:
     bits = getattr(getattr(module.quant_method, "quant_config", None), "weight_bits", None)
     if "GPTQ" in name and bits:
         return f"{name} int{bits}"
-    if name.startswith("ModelOpt") and isinstance(getattr(module, "weight", None), torch.Tensor):
-        return f"{name} {str(module.weight.dtype).removeprefix('torch.')}"
+    # A linear's weight, or a MoE layer's fused expert weights.
+    weight = getattr(module, "weight", getattr(module, "w13_weight", None))
+    if name.startswith("ModelOpt") and isinstance(weight, torch.Tensor):
+        return f"{name} {str(weight.dtype).removeprefix('torch.')}"
     return name
 
 
@@ -553,16 +555,45 @@ def _build(drafter: Drafter, directory: Path, architecture: str):
     return draft, vllm_config, mla_wrapper.called
 
 
-def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
+def checkpoint_naming(naming: dict) -> tuple[str, str]:
+    """The (root, rest) checkpoints store a draft parameter under: of the namings its loader accepts, the
+    first without the draft's wrapper component (model.layers.{N}.self_attn..., not
+    model.layers.{N}.mtp_block.self_attn...) where it takes both."""
+    return min(naming["accepted"], key=lambda accepted: len(accepted[1]))
+
+
+def checkpoint_linears(namings: dict, linears: dict[str, str], packed: dict[str, list[str]]) -> list[str]:
+    """The MTP layer's linears as a checkpoint names them: every linear the draft builds under its
+    block's prefix, that prefix replaced by the block's checkpoint root and a fused linear by its shards
+    (the draft's packed_modules_mapping); the glue module as its checkpoint naming."""
+    found = []
+    for role, naming in namings.items():
+        if not naming["accepted"]:
+            continue
+        root, rest = checkpoint_naming(naming)
+        if role != "block":
+            found.append(root + rest.removesuffix(".weight"))
+            continue
+        draft_prefix = naming["parameter"].removesuffix(rest)
+        for name, method in linears.items():
+            # Whatever the base draft built them as (stock vLLM: the target's quantization).
+            if name.startswith(draft_prefix) and method.endswith("LinearMethod"):
+                parent, _, leaf = (root + name.removeprefix(draft_prefix)).rpartition(".")
+                found += [f"{parent}.{shard}" for shard in packed.get(leaf, [leaf])]
+    return sorted(set(found))
+
+
+def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict, modules: list[str]) -> dict:
     """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (as the
     checkpoint names them: the block's root, and the glue module, Qwen3.5's "mtp.fc"), and how it
-    loads that layer's FP8 weight and block scales for its block parameter."""
-    first_namings = [(role, *naming["accepted"][0]) for role, naming in namings.items() if naming["accepted"]]
+    loads that layer's FP8 weight and block scales for its block parameter. ``modules``: the MTP
+    layer's linears as the checkpoint names them, for configs with an entry per module."""
     roots = sorted(
-        root if role == "block" else root + rest.removesuffix(".weight") for role, root, rest in first_namings
+        root if role == "block" else root + rest.removesuffix(".weight")
+        for role, naming in namings.items()
+        if naming["accepted"]
+        for root, rest in naming["accepted"][:1]
     )
-    # The modules whose weights a checkpoint of the layer stores: the block's named one, and the glue.
-    modules = sorted(root + rest.removesuffix(".weight") for _, root, rest in first_namings)
     block = namings.get("block", {})
     if not roots or not block.get("accepted"):
         return {}
@@ -586,7 +617,7 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
     if "build" not in found:
         # The other pairs: built only (their MTP tensors stored quantized, `auto` keeps the checkpoint's
         # quantization), nothing loaded.
-        base = weight.removesuffix("weight")
+        base = "".join(checkpoint_naming(block)).removesuffix("weight")
         found["pairs"] = {
             pair: _built_draft(
                 drafter,
@@ -647,7 +678,10 @@ def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
             "namings": accepted_namings(draft, hidden_layers),
         }
         result["bad_loads"] = bad_loads(draft, vllm_config, directory, result["namings"])
-    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"])
+        modules = checkpoint_linears(
+            result["namings"], result["linears"], getattr(draft, "packed_modules_mapping", {})
+        )
+    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"], modules)
     return result
 
 
