@@ -247,6 +247,67 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
         assert verdict(found, "patched", version).kind == doctor.WORKS, version
 
 
+# ERNIE 4.5 MoE's checkpoint layout, as MiMo's renamed: its flat MTP roots, no MTP final norm.
+ERNIE_FROM_MIMO = {
+    "model.mtp_layers.0.input_proj.": "model.mtp_linear_proj.0.",
+    "model.mtp_layers.0.token_layernorm.": "model.mtp_emb_norm.0.",
+    "model.mtp_layers.0.hidden_layernorm.": "model.mtp_hidden_norm.0.",
+    "model.mtp_layers.0.": "model.mtp_block.0.",
+}
+
+
+def _ernie(tensors: dict) -> dict:
+    renamed = {}
+    for name, tensor in tensors.items():
+        old = next((old for old in ERNIE_FROM_MIMO if name.startswith(old)), "")
+        if ".final_layernorm." not in name:
+            renamed[ERNIE_FROM_MIMO.get(old, "") + name.removeprefix(old)] = tensor
+    return renamed
+
+
+def write_fp8_mtp_beside_nvfp4_trunk(directory, name: str) -> None:
+    """ModelOpt mixed precision (nvidia/DeepSeek-V4-Pro-NVFP4's layout): NVFP4 trunk, FP8 MTP layer,
+    each module in a quantized_layers entry under its checkpoint name."""
+    layout = LAYOUTS["mimo" if name == "ernie4_5_moe" else name]
+    tensors = layout.tensors("nvfp4", "fp8")
+    mtp_tensors = tensors.keys() - layout.main("nvfp4").keys()
+    config = {}
+    if name == "ernie4_5_moe":
+        tensors, mtp_tensors = _ernie(tensors), _ernie(dict.fromkeys(mtp_tensors)).keys()
+        config = {"architectures": ["Ernie4_5_MoeForCausalLM"], "model_type": "ernie4_5_moe"}
+    entries = {
+        tensor.removesuffix(".weight_scale"): {"quant_algo": "FP8"}
+        if tensor in mtp_tensors
+        else {"quant_algo": "NVFP4", "group_size": 16}
+        for tensor in tensors
+        if tensor.endswith(".weight_scale")
+    }
+    quantization = {"quant_method": "modelopt", "quant_algo": "MIXED_PRECISION", "quantized_layers": entries}
+    config = {**quantized(layout, quantization), **config}
+    write_checkpoint(directory, config, {"model.safetensors": tensors})
+
+
+@pytest.mark.parametrize(
+    ("name", "stock_misses", "series_misses"),
+    [("mimo", True, False), ("deepseek_v3", False, False), ("ernie4_5_moe", True, False)],
+)
+def test_an_fp8_mtp_layer_beside_an_nvfp4_modelopt_trunk_is_built_fp8_where_the_draft_names_it_alike(
+    tmp_path, name, stock_misses, series_misses
+):
+    """A draft built under other names than the checkpoint's (MiMo's, ERNIE's) finds no entry on stock
+    vLLM and builds the layer unquantized; the series re-keys the entries onto the draft's names."""
+    write_fp8_mtp_beside_nvfp4_trunk(tmp_path, name)
+
+    found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
+
+    missed = "by another quantized_layers entry than the checkpoint names the MTP layer's by"
+    for version in (OLDEST, "0.32.0", NEWEST):
+        for flavour, misses in (("stock", stock_misses), ("patched", series_misses)):
+            built = verdict(found, flavour, version)
+            assert (missed in built.why) == misses, (version, flavour, built)
+            assert (built.kind == doctor.CRASH) == misses, (version, flavour, built)
+
+
 def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_stock_0_22_1(tmp_path):
     """The MTP layer's group targets its linears by exact (unfused) names, as llm-compressor's mtp_scheme
     writes them, beside a trunk group on "Linear": stock 0.22.1 ranks the class name before a fused

@@ -72,6 +72,12 @@ NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
+# Scheme pairs a drafter's MTP layer misses even with the series, per test-bed target: a config that names
+# each module exactly (ModelOpt's quantized_layers) never reaches ERNIE 4.5's MTP block. ErnieMTP builds
+# the block (a LlamaDecoderLayer) with the layer's prefix, model.layers.{N} (ernie_mtp.py:58), while its
+# loader puts the block's tensors under model.layers.{N}.mtp_block (its hf_to_vllm_mapper, ernie_mtp.py:160),
+# and the series re-keys no quant config for this drafter (no align_mtp_quant_config call). The
+# compressed-tensors pairs' regexes of the layer's root reach the block either way.
 README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
 README_END = "<!-- drafter-matrix:end -->"
 
@@ -223,8 +229,8 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
 def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_rows, key):
     """Every on-disk naming the drafter's loader accepts is an MTP tensor to the header survey; a
     checkpoint missing MTP tensors or holding one of a wrong shape is an error naming it; an MTP layer in
-    a scheme of its own is built in that scheme, in every pair; or the draft is not built on CPU (the
-    first test's reason)."""
+    a scheme of its own is built in that scheme, in every pair; or the draft is
+    not built on CPU (the first test's reason)."""
     row = live_rows[key]
     if row["patched"].startswith(drafters.NOT_BUILT):
         assert row["namings"] == row["own_scheme"] == row["missing_tensor"] == row["wrong_shape"] == "—"
@@ -233,7 +239,7 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
     # Checkpoints that lack some of the draft's MTP tensors: the own-scheme one holds a single layer's.
     missing_named = drafters.NAMED_ERROR if key in OWN_MISSING_TENSOR_CHECK else named
     # Every series builds the layer in the scheme the checkpoint gives it by its own names (v0.33.0's
-    # 0014-0019, v0.32.0's 0019a, v0.22.1's 0012-0015).
+    # 0014-0019c, v0.32.0's 0019a, v0.22.1's 0012-0015a, 0018, 0019).
     assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
     assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
     assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]
@@ -344,7 +350,16 @@ def test_own_scheme_rows_tell_apart_own_target_and_mixed_schemes():
 def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     wna16, int8 = "CompressedTensorsWNA16", "CompressedTensorsW8A8Int8"
     pairs = {"W4A16 / INT8": {"schemes": {"a": wna16}}, "INT8 / W4A16": {"schemes": {"a": int8}}}
-    own = {"GPTQ INT4 / GPTQ INT8": {"schemes": {"a": "AutoGPTQLinearMethod int4"}}}
+    own = {
+        "GPTQ INT4 / GPTQ INT8": {"schemes": {"a": "AutoGPTQLinearMethod int4"}},
+        # vLLM 0.32's one ModelOpt linear method, 0.22.1's FP8 one: the weight dtype tells FP8 from NVFP4.
+        "FP8 / NVFP4 ModelOpt": {
+            "schemes": {
+                "a": "ModelOptLinearMethod float8_e4m3fn",
+                "b": "ModelOptFp8LinearMethod float8_e4m3fn",
+            }
+        },
+    }
 
     def row(found: dict) -> str:
         return drafters.own_scheme_pairs_outcome({"own_scheme": {"pairs": found}})
@@ -358,6 +373,9 @@ def test_own_scheme_pair_rows_name_each_pair_not_in_its_own_scheme():
     )
     assert row({"INT8 / W4A16": {"schemes": {"a": int8, "b": wna16}}}).startswith(
         "INT8 / W4A16: 1 of 2 layers in its own scheme"
+    )
+    assert row({"FP8 / NVFP4 ModelOpt": {"schemes": {"a": "ModelOptLinearMethod uint8"}}}) == (
+        "FP8 / NVFP4 ModelOpt: the target's scheme (ModelOptLinearMethod uint8)"
     )
 
 

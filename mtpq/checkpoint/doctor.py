@@ -374,10 +374,13 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
             if _own_group_missed(checkpoint, module, shards_before_class)
         ]
     ):
-        why = (
-            f"the draft builds {_first(missed)} in another config group than the checkpoint names the "
-            "MTP layer's own by: its tensors do not fit"
+        by = (
+            "by another quantized_layers entry than the checkpoint names the MTP layer's by (none: "
+            "unquantized)"
+            if _modelopt_mixed_precision(checkpoint)
+            else "in another config group than the checkpoint names the MTP layer's own by"
         )
+        why = f"the draft builds {_first(missed)} {by}: its tensors do not fit"
         crashes.append(Verdict(CRASH, why))
     casts, misfits, kernel_gaps = [], [], {}
     for module in modules:
@@ -439,6 +442,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
     naming = architecture.draft_name(version) if architecture else None
     _, entries = checkpoint.ignore_entries()
     compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
+    mixed_precision = _modelopt_mixed_precision(checkpoint)
     modules = []
     for name, stored in diagnosis.modules().items():
         if architecture and _module_kind(name) in architecture.plain_linears:
@@ -449,7 +453,10 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
             modules.append(DraftModule(name, stored, None, "unknown", note))
             continue
         runtime = naming(name, checkpoint.num_hidden_layers)
-        if not compressed_tensors and entries:
+        if mixed_precision is not None:
+            built = "quantized" if _entry_algo(mixed_precision, runtime) else "unquantized"
+            modules.append(DraftModule(name, stored, runtime, built))
+        elif not compressed_tensors and entries:
             note = (
                 f"matching {checkpoint.quantization.get('quant_method')} entries to the draft is not modelled"
             )
@@ -531,10 +538,34 @@ def _targeting_group(checkpoint: Checkpoint, runtime: str, shards_before_class: 
     return next((group for candidates in ranked for group in candidates), None)
 
 
+# --- ModelOpt mixed precision's matching, as vLLM does it ---------------------------------------------
+
+
+def _modelopt_mixed_precision(checkpoint: Checkpoint) -> matching._ModelOptConfig | None:
+    """A ModelOpt MIXED_PRECISION config (each quantized module in a quantized_layers entry of its own),
+    as vLLM reads it; None for any other config."""
+    config_class = matching.get_quantization_config("modelopt_mixed")
+    if not config_class.override_quantization_method(checkpoint.quantization, None):
+        return None
+    return config_class.from_config(checkpoint.quantization)
+
+
+def _entry_algo(config: matching._ModelOptConfig, name: str) -> str | None:
+    """The quant_algo a ModelOpt mixed-precision config builds a module of this name in; None:
+    unquantized (excluded, or without an entry)."""
+    return None if config.is_layer_excluded(name) else config._resolve_quant_algo(name)
+
+
 def _own_group_missed(checkpoint: Checkpoint, module: DraftModule, shards_before_class: bool) -> bool:
-    """A quantized MTP module whose config group by its checkpoint name is not the one its draft name
-    takes: the draft builds it in another scheme than its tensors are stored in."""
-    if module.built != "quantized" or module.stored in facts.FLOAT_DTYPES:
+    """A quantized MTP module whose config group (ModelOpt mixed precision: quantized_layers entry) by
+    its checkpoint name is not the one its draft name takes: the draft builds it in another scheme than
+    its tensors are stored in."""
+    # A module built outside the quant config (runtime None) takes no scheme by name.
+    if module.stored in facts.FLOAT_DTYPES or module.runtime is None:
+        return False
+    if (mixed_precision := _modelopt_mixed_precision(checkpoint)) is not None:
+        return _entry_algo(mixed_precision, module.name) != _entry_algo(mixed_precision, module.runtime)
+    if module.built != "quantized":
         return False
     own = _targeting_group(checkpoint, module.name)
     return own is not None and own is not _targeting_group(checkpoint, module.runtime, shards_before_class)

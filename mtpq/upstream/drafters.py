@@ -343,7 +343,12 @@ TARGET_SCHEME = "target's scheme (INT8): the MTP layer's group matches no draft 
 FP8_TENSORS_LOAD = "its FP8 tensors:"
 # The other scheme pairs the probe builds (MTP layer / target), by what the description of a layer in
 # the MTP layer's scheme reads.
-OWN_SCHEME_MARKERS = {"W4A16 / INT8": "WNA16", "INT8 / W4A16": "Int8", "GPTQ INT4 / GPTQ INT8": "int4"}
+OWN_SCHEME_MARKERS = {
+    "W4A16 / INT8": "WNA16",
+    "INT8 / W4A16": "Int8",
+    "GPTQ INT4 / GPTQ INT8": "int4",
+    "FP8 / NVFP4 ModelOpt": "float8_e4m3fn",
+}
 OWN_SCHEME_EVERY_PAIR = "own scheme in every pair"
 _QUANT_SOURCE_WORDS = {
     FROM_VLLM_CONFIG: "`vllm_config.quant_config`",
@@ -542,8 +547,8 @@ def loading_table(rows: list[Row]) -> str:
     """The naming, loading and own-scheme checks of the construction probe, with the series / stock."""
     lines = [
         "| drafter | on-disk MTP namings its loader accepts | MTP layer FP8-block in a config group "
-        "of its own, INT8 target: with the series / stock | MTP layer in a scheme of its own, W4A16 / "
-        "INT8, INT8 / W4A16, GPTQ INT4 / GPTQ INT8: with the series / stock | other MTP tensors missing: "
+        "of its own, INT8 target: with the series / stock | MTP layer in a scheme of its own, "
+        f"{', '.join(OWN_SCHEME_MARKERS)}: with the series / stock | other MTP tensors missing: "
         "with the series / stock | MTP tensor of a wrong shape: with the series / stock |",
         "|---|---|---|---|---|---|",
     ]

@@ -446,12 +446,29 @@ def gptq_own_bits_quantization(mtp_roots: list[str]) -> dict:
     }
 
 
+def modelopt_fp8_beside_nvfp4_quantization(mtp_modules: list[str]) -> dict:
+    """A ModelOpt NVFP4 target whose MTP layer is FP8 (nvidia/DeepSeek-V4-Pro-NVFP4's layout): mixed
+    precision, every quantized module in its own quantized_layers entry under the checkpoint's name (a
+    trunk one, which no draft builds, beside the MTP modules stored quantized)."""
+    return {
+        "quant_method": "modelopt",
+        "quant_algo": "MIXED_PRECISION",
+        "kv_cache_quant_algo": None,
+        "ignore": ["lm_head"],
+        "quantized_layers": {
+            "model.layers.0.self_attn.o_proj": {"quant_algo": "NVFP4", "group_size": 16},
+            **{module: {"quant_algo": "FP8"} for module in mtp_modules},
+        },
+    }
+
+
 # The other scheme pairs (MTP layer / target, as drafters.OWN_SCHEME_MARKERS names them), each built
-# with the series and stock: (its quantization config from the MTP roots, the tensors of an (rows,
-# columns) MTP weight stored in the MTP layer's format, keyed by the weight's name without "weight").
+# with the series and stock: (its quantization config from the MTP roots and the MTP modules stored
+# quantized, the tensors of an (rows, columns) MTP weight stored in the MTP layer's format, keyed by
+# the weight's name without "weight").
 OWN_SCHEME_PAIRS = {
     "W4A16 / INT8": (
-        lambda roots: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
+        lambda roots, _: own_scheme_quantization(roots, INT8_GROUP, W4A16_GROUP),
         lambda rows, columns: {
             "weight_packed": torch.zeros(rows, columns // 8, dtype=torch.int32),
             "weight_scale": torch.ones(rows, columns // 16, dtype=torch.bfloat16),
@@ -459,7 +476,7 @@ OWN_SCHEME_PAIRS = {
         },
     ),
     "INT8 / W4A16": (
-        lambda roots: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
+        lambda roots, _: own_scheme_quantization(roots, W4A16_GROUP, INT8_GROUP),
         lambda rows, columns: {
             "weight": torch.zeros(rows, columns, dtype=torch.int8),
             "weight_scale": torch.ones(rows, 1),
@@ -467,7 +484,7 @@ OWN_SCHEME_PAIRS = {
     ),
     # GPTQ packs 4-bit weights along the input (qweight) and zero points along the output (qzeros).
     "GPTQ INT4 / GPTQ INT8": (
-        gptq_own_bits_quantization,
+        lambda roots, _: gptq_own_bits_quantization(roots),
         lambda rows, columns: {
             "qweight": torch.zeros(columns // 8, rows, dtype=torch.int32),
             "qzeros": torch.zeros(columns // 32, rows // 8, dtype=torch.int32),
@@ -475,25 +492,47 @@ OWN_SCHEME_PAIRS = {
             "g_idx": torch.zeros(columns, dtype=torch.int32),
         },
     ),
+    # ModelOpt FP8: per-tensor weight and input scales.
+    "FP8 / NVFP4 ModelOpt": (
+        lambda _, modules: modelopt_fp8_beside_nvfp4_quantization(modules),
+        lambda rows, columns: {
+            "weight": torch.zeros(rows, columns).to(torch.float8_e4m3fn),
+            "weight_scale": torch.ones(()),
+            "input_scale": torch.ones(()),
+        },
+    ),
 }
 
 
 def _scheme(module: torch.nn.Module) -> str:
     """A layer's compressed-tensors scheme or quant method, with GPTQ's bits (which dynamic rules set per
-    layer)."""
+    layer), and a ModelOpt linear's weight dtype (vLLM 0.32's one ModelOpt linear method serves every
+    format)."""
     name = type(getattr(module, "scheme", None) or module.quant_method).__name__
     bits = getattr(getattr(module.quant_method, "quant_config", None), "weight_bits", None)
-    return f"{name} int{bits}" if "GPTQ" in name and bits else name
+    if "GPTQ" in name and bits:
+        return f"{name} int{bits}"
+    # A linear's weight, or a MoE layer's fused expert weights.
+    weight = getattr(module, "weight", getattr(module, "w13_weight", None))
+    if name.startswith("ModelOpt") and isinstance(weight, torch.Tensor):
+        return f"{name} {str(weight.dtype).removeprefix('torch.')}"
+    return name
 
 
 def describe_schemes(draft: torch.nn.Module) -> dict[str, str]:
-    """The compressed-tensors scheme of every linear that has one, GPTQ linears' methods, and the MoE
-    layers' quant methods."""
+    """The compressed-tensors scheme of every linear that has one, GPTQ and ModelOpt linears' methods,
+    and the quantized MoE layers' quant methods (a MoE layer a ModelOpt mixed-precision config has no
+    entry for is built unquantized, as its linears are)."""
+
+    def quantized(module: torch.nn.Module) -> bool:
+        method = type(getattr(module, "quant_method", None)).__name__
+        kinds = ("MoEMethod", "GPTQ", "ModelOpt")
+        return not method.startswith("Unquantized") and any(kind in method for kind in kinds)
+
     return {
         name: _scheme(module)
         for name, module in draft.named_modules()
-        if getattr(module, "scheme", None) is not None
-        or any(kind in type(getattr(module, "quant_method", None)).__name__ for kind in ("MoEMethod", "GPTQ"))
+        if getattr(module, "scheme", None) is not None or quantized(module)
     }
 
 
@@ -512,10 +551,39 @@ def _build(drafter: Drafter, directory: Path, architecture: str):
     return draft, vllm_config, mla_wrapper.called
 
 
-def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict) -> dict:
+def checkpoint_naming(naming: dict) -> tuple[str, str]:
+    """The (root, rest) checkpoints store a draft parameter under: of the namings its loader accepts, the
+    first without the draft's wrapper component (model.layers.{N}.self_attn..., not
+    model.layers.{N}.mtp_block.self_attn...) where it takes both."""
+    return min(naming["accepted"], key=lambda accepted: len(accepted[1]))
+
+
+def checkpoint_linears(namings: dict, linears: dict[str, str], packed: dict[str, list[str]]) -> list[str]:
+    """The MTP layer's linears as a checkpoint names them: every linear the draft builds under its
+    block's prefix, that prefix replaced by the block's checkpoint root and a fused linear by its shards
+    (the draft's packed_modules_mapping); the glue module as its checkpoint naming."""
+    found = []
+    for role, naming in namings.items():
+        if not naming["accepted"]:
+            continue
+        root, rest = checkpoint_naming(naming)
+        if role != "block":
+            found.append(root + rest.removesuffix(".weight"))
+            continue
+        draft_prefix = naming["parameter"].removesuffix(rest)
+        for name, method in linears.items():
+            # Whatever the base draft built them as (stock vLLM: the target's quantization).
+            if name.startswith(draft_prefix) and method.endswith("LinearMethod"):
+                parent, _, leaf = (root + name.removeprefix(draft_prefix)).rpartition(".")
+                found += [f"{parent}.{shard}" for shard in packed.get(leaf, [leaf])]
+    return sorted(set(found))
+
+
+def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict, modules: list[str]) -> dict:
     """The draft of a checkpoint whose MTP layer is FP8-block quantized under a group of its own (as the
     checkpoint names them: the block's root, and the glue module, Qwen3.5's "mtp.fc"), and how it
-    loads that layer's FP8 weight and block scales for its block parameter."""
+    loads that layer's FP8 weight and block scales for its block parameter. ``modules``: the MTP
+    layer's linears as the checkpoint names them, for configs with an entry per module."""
     roots = sorted(
         root if role == "block" else root + rest.removesuffix(".weight")
         for role, naming in namings.items()
@@ -545,16 +613,14 @@ def own_scheme(drafter: Drafter, config: dict, architecture: str, namings: dict)
     if "build" not in found:
         # The other pairs: built only (their MTP tensors stored quantized, `auto` keeps the checkpoint's
         # quantization), nothing loaded.
-        base = weight.removesuffix("weight")
+        base = "".join(checkpoint_naming(block)).removesuffix("weight")
         found["pairs"] = {
             pair: _built_draft(
                 drafter,
                 config,
                 architecture,
-                quantization_for(roots),
-                {base + key: value for key, value in stored(rows, columns).items()}
-                if stored
-                else fp8_tensors,
+                quantization_for(roots, modules),
+                {base + key: value for key, value in stored(rows, columns).items()},
                 lambda draft, *_: {"schemes": describe_schemes(draft)},
             )
             for pair, (quantization_for, stored) in OWN_SCHEME_PAIRS.items()
@@ -606,7 +672,10 @@ def build(drafter: Drafter, model_type: str, architecture: str) -> dict:
             "namings": accepted_namings(draft, hidden_layers),
         }
         result["bad_loads"] = bad_loads(draft, vllm_config, directory, result["namings"])
-    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"])
+        modules = checkpoint_linears(
+            result["namings"], result["linears"], getattr(draft, "packed_modules_mapping", {})
+        )
+    result["own_scheme"] = own_scheme(drafter, config, architecture, result["namings"], modules)
     return result
 
 
