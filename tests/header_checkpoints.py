@@ -158,6 +158,37 @@ def compressed_tensors(fmt: str, ignore: list[str]) -> dict:
     return {**COMPRESSED_TENSORS[fmt], "ignore": list(ignore)}
 
 
+def quark_entry(weight: object, inputs: object = None) -> dict:
+    """A Quark layer entry (global_quant_config, layer_quant_config values)."""
+    return {"weight": weight, "input_tensors": inputs, "output_tensors": None, "bias": None}
+
+
+QUARK_INT8_WEIGHT = {
+    "dtype": "int8",
+    "qscheme": "per_channel",
+    "ch_axis": 0,
+    "symmetric": True,
+    "is_dynamic": False,
+}
+QUARK_FP8_WEIGHT = {"dtype": "fp8_e4m3", "qscheme": "per_tensor", "is_dynamic": False}
+QUARK_INT8 = quark_entry(
+    QUARK_INT8_WEIGHT, {"dtype": "int8", "qscheme": "per_channel", "symmetric": True, "is_dynamic": True}
+)
+QUARK_FP8 = quark_entry(QUARK_FP8_WEIGHT, QUARK_FP8_WEIGHT)
+
+
+def quark(global_entry: dict, layer_quant_config: dict | None = None, exclude: list[str] = ()) -> dict:
+    """A Quark quantization_config as Quark exports it."""
+    return {
+        "quant_method": "quark",
+        "export": {"kv_cache_group": [], "pack_method": "reorder"},
+        "global_quant_config": global_entry,
+        "layer_type_quant_config": {},
+        "layer_quant_config": layer_quant_config or {},
+        "exclude": ["lm_head", *exclude],
+    }
+
+
 # --- real MTP layouts ---------------------------------------------------------------------------------
 
 

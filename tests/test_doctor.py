@@ -19,9 +19,12 @@ from header_checkpoints import (
     DSV3_FP8_CONFIG,
     INDEX_FILE,
     LAYOUTS,
+    QUARK_FP8,
+    QUARK_INT8,
     compressed_tensors,
     header_bytes,
     linear,
+    quark,
     write_checkpoint,
     write_deepseek_v3_shaped,
     write_safetensors,
@@ -479,6 +482,34 @@ def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_r
     assert "draft_quant_config" not in (
         verdict(doctor.diagnose(tmp_path, [NEWEST], "cuda"), "patched", NEWEST).error or ""
     )
+
+
+def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up_by_the_series(tmp_path):
+    """FP8 MTP tensors beside an INT8 trunk: a Quark config that builds them with its INT8
+    global_quant_config is refused by the v0.32.0/v0.33.0 series (0026); a layer_quant_config
+    pattern of the MTP layer's own that builds FP8 is not."""
+    layout = LAYOUTS["mimo"]
+    tensors = {"model.safetensors": layout.tensors("int8", "fp8")}
+    write_checkpoint(tmp_path, quantized(layout, quark(QUARK_INT8)), tensors)
+
+    found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
+
+    for version in ("0.32.0", NEWEST):
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH, refused
+        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert (
+            "MTP module model.mtp_layers.0.input_proj (stored as FP8 (compressed-tensors/ModelOpt) in "
+            "model.safetensors) is built by the config's global_quant_config as QuarkW8A8Int8 (weight "
+            "int8), which cannot load FP8 (compressed-tensors/ModelOpt)"
+        ) in refused.error
+    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
+
+    own_pattern = quark(QUARK_INT8, {"model.mtp_layers.0.*": QUARK_FP8})
+    write_checkpoint(tmp_path, quantized(layout, own_pattern), tensors)
+    found = doctor.diagnose(tmp_path, ["0.32.0", NEWEST], "cuda")
+    for version in ("0.32.0", NEWEST):
+        assert "draft_quant_config='auto'" not in (verdict(found, "patched", version).error or "")
 
 
 # Each MTP module's on-disk format, as the series' survey labels it.

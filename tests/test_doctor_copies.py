@@ -16,8 +16,10 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
+import header_checkpoints
 import pytest
 from conftest import ROOT, target_version
+from header_checkpoints import QUARK_FP8, QUARK_FP8_WEIGHT, QUARK_INT8, QUARK_INT8_WEIGHT, quark_entry
 from survey_cases import mutate, random_header
 
 from mtpq.checkpoint import doctor, facts, matching, reader
@@ -311,3 +313,69 @@ def test_the_gptq_and_inc_matching_the_series_start_up_check_runs_on_without_vll
         assert ours.block_name_to_quantize == theirs.block_name_to_quantize
         for name in names:
             assert ours.get_layer_config(None, name)[0] == theirs.get_layer_config(None, name)[0], (name, inc)
+
+
+_INT8, _FP8 = QUARK_INT8_WEIGHT, QUARK_FP8_WEIGHT
+_FP8_BLOCK = {"dtype": "fp8_e4m3", "qscheme": "per_block", "block_size": [128, 128], "symmetric": True}
+_INT4 = {"dtype": "int4", "qscheme": "per_group", "group_size": 32, "symmetric": True}
+_MXFP4 = {"dtype": "fp4", "qscheme": "per_group", "group_size": 32, "scale_format": "e8m0"}
+_NVFP4 = [{"dtype": "fp4", "qscheme": "per_group", "group_size": 16}, _FP8]
+# The entries Quark writes for a linear (and some it cannot build), for the scheme lookup's copy.
+QUARK_ENTRIES = [
+    QUARK_INT8,
+    quark_entry(_INT8, {"dtype": "int8", "qscheme": "per_tensor", "symmetric": True, "is_dynamic": False}),
+    QUARK_FP8,
+    quark_entry({**_FP8, "qscheme": "per_channel"}, {**_FP8, "is_dynamic": True}),
+    quark_entry(
+        _FP8_BLOCK, {**_FP8, "qscheme": "per_group", "group_size": 128, "symmetric": True, "is_dynamic": True}
+    ),
+    quark_entry(_INT4),
+    quark_entry(_MXFP4, {**_MXFP4, "is_dynamic": True}),
+    quark_entry(_MXFP4),
+    quark_entry(_NVFP4, [{**_NVFP4[0], "is_dynamic": True}, _NVFP4[1]]),
+    quark_entry(None),
+    quark_entry(_INT8),
+    quark_entry(_FP8, {**_INT8, "is_dynamic": True}),
+]
+
+
+@pytest.mark.skipif(
+    INSTALLED == "0.22.1", reason="the Quark start-up check is the v0.32.0/v0.33.0 series' (0026)"
+)
+def test_the_quark_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
+    """The survey's check_mtp_quant_schemes asks vLLM's QuarkConfig which exclude entry leaves a
+    module out, which entry builds it (layer_quant_config patterns, layer_type_quant_config,
+    global_quant_config) and which scheme that entry builds; the doctor serves it
+    mtpq.checkpoint.matching's instead (unfused checkpoint names)."""
+    from vllm.model_executor.layers.linear import LinearBase
+    from vllm.model_executor.layers.quantization.quark import quark, utils
+
+    vllm_config_class = quark.QuarkConfig
+
+    rng = random.Random(26)
+    for _ in range(300):
+        names = [f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}" for _ in range(4)]
+        patterns = [random_modelopt_entry(rng) for _ in range(rng.randrange(4))]
+        config = header_checkpoints.quark(
+            rng.choice(QUARK_ENTRIES),
+            {pattern: rng.choice(QUARK_ENTRIES) for pattern in patterns},
+            [random_entry(rng) for _ in range(rng.randrange(3))],
+        )
+        ours, theirs = matching.QuarkConfig.from_config(config), vllm_config_class.from_config(config)
+        for name in names:
+            assert matching.should_ignore_layer(name, config["exclude"]) == utils.should_ignore_layer(
+                name, config["exclude"]
+            ), (name, config)
+            entry = ours.get_layer_quant_config_from_name(name)
+            assert entry is theirs.get_layer_quant_config_from_name(name), (name, config)
+            assert ours._find_matched_config(name, matching.LinearBase) is theirs._find_matched_config(
+                name, LinearBase
+            ), (name, config)
+    for entry in QUARK_ENTRIES:
+        outcomes = []
+        for config_class in (matching.QuarkConfig, vllm_config_class):
+            try:
+                outcomes.append(config_class({})._get_scheme_cls_from_config(entry)[2].__name__)
+            except NotImplementedError:
+                outcomes.append("NotImplementedError")
+        assert outcomes[0] == outcomes[1], entry

@@ -1,5 +1,5 @@
-"""vLLM's compressed-tensors, ModelOpt, GPTQ and AutoRound/INC name matching, for running the
-series' own start-up check of the config that builds the MTP modules (the survey module's
+"""vLLM's compressed-tensors, ModelOpt, GPTQ, AutoRound/INC and Quark name matching, for running
+the series' own start-up check of the config that builds the MTP modules (the survey module's
 check_mtp_quant_schemes) without vLLM, and for the doctor's matching.
 
 The check calls these by vLLM's names with checkpoint module names, which are never fused, so no
@@ -174,3 +174,96 @@ def get_quantization_config(method: str) -> type[_ModelOptConfig] | type[_AutoGP
         "auto_gptq": _AutoGPTQConfig,
         "inc": _INCConfig,
     }[method]
+
+
+# vLLM's QuarkConfig, as far as the check reads it: exclude, then layer_quant_config by name
+# pattern (the first match wins; a pattern without "*" matches the names it contains), then
+# layer_type_quant_config by layer class, then global_quant_config; and the scheme class an entry
+# builds (_get_scheme_cls_from_config), for the entries Quark writes.
+class LinearBase:
+    pass
+
+
+def _quark_scheme(name: str) -> type:
+    return type(name, (), {})
+
+
+_QUARK_SCHEMES = {
+    name: _quark_scheme(name)
+    for name in (
+        "QuarkNVFP4",
+        "QuarkOCP_MX",
+        "QuarkW4A8_MXFP4_FP8",
+        "QuarkW4A16Int4",
+        "QuarkW8A8Fp8",
+        "QuarkW8A8Fp8PerBlock",
+        "QuarkW8A8Int8",
+    )
+}
+
+
+def _quark_scheme_name(weight: object, inputs: object, pack_method: str) -> str | None:
+    if isinstance(weight, list) or isinstance(inputs, list):
+        pair = isinstance(weight, list) and len(weight) == 2 and isinstance(inputs, list) and len(inputs) == 2
+        fp4 = pair and [w.get("dtype") for w in weight] == ["fp4", "fp8_e4m3"]
+        return "QuarkNVFP4" if fp4 and weight[0].get("group_size") == 16 else None
+    if not isinstance(weight, dict):
+        return None
+    dtype, qscheme, input_dtype = weight.get("dtype"), weight.get("qscheme"), (inputs or {}).get("dtype")
+    if dtype == "fp8_e4m3" and input_dtype == "fp8_e4m3" and not weight.get("is_dynamic"):
+        if qscheme == "per_block":
+            return "QuarkW8A8Fp8PerBlock"
+        return "QuarkW8A8Fp8" if qscheme in ("per_tensor", "per_channel") else None
+    if dtype == "int8" and input_dtype == "int8" and weight.get("symmetric") is True:
+        return "QuarkW8A8Int8" if qscheme in ("per_tensor", "per_channel") else None
+    if dtype in ("int4", "uint4") and inputs is None and pack_method in ("order", "reorder"):
+        return "QuarkW4A16Int4"
+    if dtype == "fp4" and input_dtype == "fp8_e4m3" and not (inputs or {}).get("is_dynamic"):
+        return "QuarkW4A8_MXFP4_FP8"
+    if dtype in ("fp4", "fp6_e2m3", "fp6_e3m2", "fp8_e4m3") and qscheme == "per_group":
+        return "QuarkOCP_MX"
+    return None
+
+
+class QuarkConfig:
+    def __init__(self, quant_config: dict, pack_method: str = "reorder") -> None:
+        self.quant_config = quant_config
+        self.pack_method = pack_method
+
+    @classmethod
+    def from_config(cls, config: dict) -> QuarkConfig:
+        if config.get("export") is None:
+            raise ValueError(
+                "The export key should be included in the configurations of Quark quantized model"
+            )
+        return cls(config, config["export"].get("pack_method"))
+
+    def get_layer_quant_config_from_name(self, layer_name: str) -> dict | None:
+        for pattern, config in (self.quant_config.get("layer_quant_config") or {}).items():
+            if (layer_name in pattern) if "*" not in pattern else fnmatch(layer_name, pattern):
+                return config
+        return None
+
+    def _find_matched_config(self, layer_name: str, layer_type: type) -> dict:
+        fallback = self.quant_config.get("layer_type_quant_config").get(
+            layer_type, self.quant_config.get("global_quant_config")
+        )
+        found = self.get_layer_quant_config_from_name(layer_name)
+        return fallback if found is None else found
+
+    def _get_scheme_cls_from_config(self, config: dict) -> tuple[None, None, type]:
+        if config.get("output_tensors") or config.get("bias"):
+            raise NotImplementedError(
+                "Currently, Quark models with output_tensors and bias quantized are not supported"
+            )
+        weight, inputs = config.get("weight"), config.get("input_tensors")
+        if isinstance(weight, list) and len(weight) == 1:
+            weight = weight[0]
+        if isinstance(inputs, list) and len(inputs) == 1:
+            inputs = inputs[0]
+        name = _quark_scheme_name(weight, inputs, self.pack_method)
+        if name is None:
+            raise NotImplementedError(
+                f"No quark compatible scheme was found. Weight config: {weight}, Input config: {inputs}"
+            )
+        return None, None, _QUARK_SCHEMES[name]

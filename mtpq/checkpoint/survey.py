@@ -10,8 +10,8 @@ series' module; the draft's quantization decision, which the series differ on, i
 module of the series serving the release judged (`series_survey`).
 
 It needs neither vLLM (imported there only inside functions: those that read files, which the doctor
-does not call, and the start-up check of the quant config, whose compressed-tensors and ModelOpt
-matching mtpq.checkpoint.matching serves) nor the third-party `regex` package, which vLLM's lint
+does not call, and the start-up check of the quant config, whose compressed-tensors, ModelOpt and
+Quark matching mtpq.checkpoint.matching serves) nor the third-party `regex` package, which vLLM's lint
 requires in place of `re`: its `import regex` is served by the standard library's `re`, which
 accepts the module's patterns.
 """
@@ -41,6 +41,9 @@ _SERVED = {
     "vllm.model_executor.layers.quantization.utils.config_utils": matching,
     "vllm.model_executor.layers.quantization": matching,
     "vllm.model_executor.layers.quantization.utils.gptq_utils": matching,
+    "vllm.model_executor.layers.quantization.quark.quark": matching,
+    "vllm.model_executor.layers.quantization.quark.utils": matching,
+    "vllm.model_executor.layers.linear": matching,
 }
 _NO_NEWLINE = "\\ No newline at end of file"
 
