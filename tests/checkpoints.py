@@ -807,6 +807,69 @@ MIMO_V2_FLASH = Architecture(
 )
 
 
+# EXAONE MoE (ExaoneMoeForCausalLM): GLM-4.5's MoE names with the router bias beside the router (sigmoid,
+# grouped top-k), per-head q/k norms. Its MTP layer keeps the checkpoint's names under mtp.*: a dense
+# decoder layer mtp.layers.0 beside mtp.pre_fc_norm_embedding / pre_fc_norm_hidden / fc / norm
+# (vllm/model_executor/models/exaone_moe_mtp.py); position 0's embedding is kept.
+EXAONE_MOE_LAYOUT = dataclasses.replace(GLM4_MOE_LAYOUT, router_bias="mlp.e_score_correction_bias")
+
+
+def _exaone_moe_config() -> dict:
+    layers = range(NUM_HIDDEN_LAYERS)
+    return {
+        "architectures": ["ExaoneMoeForCausalLM"],
+        "model_type": "exaone_moe",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        # Full attention only (the window unused): beside sliding-window layers its full-attention layers
+        # use no RoPE.
+        "layer_types": ["full_attention" for _ in layers],
+        "sliding_window": MAX_POSITION_EMBEDDINGS,
+        "mlp_layer_types": ["sparse" if layer >= FIRST_K_DENSE_REPLACE else "dense" for layer in layers],
+        "first_k_dense_replace": FIRST_K_DENSE_REPLACE,
+        "num_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "pad_token_id": None,
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
+EXAONE_MOE = Architecture(
+    hf_config=_exaone_moe_config(),
+    mtp_prefix="mtp.layers.0",
+    mtp_ignore_regex=r"re:mtp\..*",
+    mtp_modules_prefix="mtp",
+    embed_norm="pre_fc_norm_embedding",
+    hidden_norm="pre_fc_norm_hidden",
+    projection="fc",
+    final_norm="norm",
+    head="lm_head.weight",
+    embeds_first=True,
+    rotary_dim=HEAD_DIM,
+    moe_layers=tuple(range(FIRST_K_DENSE_REPLACE, NUM_HIDDEN_LAYERS)),
+    moe_layout=EXAONE_MOE_LAYOUT,
+    attention_bias=False,
+    qk_norm=True,
+    mtp_zeroes_first_embedding=False,
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -820,6 +883,7 @@ ARCHITECTURES = {
         OPENPANGU,
         ERNIE45_MOE,
         MIMO_V2_FLASH,
+        EXAONE_MOE,
     )
 }
 

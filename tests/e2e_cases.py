@@ -25,6 +25,7 @@ ARCHITECTURES = (
     "pangu_ultra_moe",
     "ernie4_5_moe",
     "mimo_v2_flash",
+    "exaone_moe",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -287,10 +288,21 @@ CASES = [
         },
         {"ignore_style": "unlisted"},
     ),
+    # EXAONE MoE's drafter builds its MTP layer under the checkpoint's names (mtp.*), so an `ignore` naming
+    # them serves stock; one that never saw the layer gets it quantized: INT8 casts the BF16 weights into
+    # it, W4A16 wants packed tensors the checkpoint lacks.
+    Case("exaone_moe", "int8_w8a8", "acceptance 1.0"),
+    Case("exaone_moe", "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
+    Case(
+        "exaone_moe",
+        "w4a16",
+        "There is no module or parameter named 'fc.weight' in ExaoneMoeMultiTokenPredictor",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
-MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT,)
+MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, "exaone_moe")
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
@@ -331,6 +343,9 @@ BAD_LAYOUTS = [
     *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
     # MiMo-V2's drafter builds its first MTP layer only (DRAFTER_BUILDS_FIRST_LAYER_ONLY): nothing is lost.
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
+    # Stock EXAONE MoE builds a declared MTP layer the checkpoint lacks from nothing, but drafts every step
+    # with its first layer (its proposer passes no spec_step_idx): nothing is lost there.
+    *_bad_layouts("exaone_moe", "acceptance 1.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
