@@ -148,6 +148,24 @@ GRAFTED = [
     for export, stock in zip(QUANTIZER_EXPORTS, results, strict=True)
 ]
 
+def _exaone_cases(arch: str, predictor: str) -> list[Case]:
+    """An EXAONE family's INT8 export naming its MTP layer in `ignore`, and the INT8 and W4A16 ones that do
+    not; predictor: its drafter's module that stock 0.32.0's loader names."""
+    return [
+        Case(arch, "int8_w8a8", "acceptance 1.0"),
+        Case(arch, "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
+        Case(
+            arch,
+            "w4a16",
+            {
+                "0.22.1": "KeyError: 'fc.weight'",
+                "0.32.0": f"There is no module or parameter named 'fc.weight' in {predictor}",
+            },
+            {"ignore_style": "unlisted"},
+        ),
+    ]
+
+
 # GLM builds its draft under the checkpoint's own names (model.layers.N.*), so an `ignore` list that
 # names the MTP layer already works there; it breaks when the quantizer never listed that layer.
 # Stock Step-3.5 loads no compressed-tensors MTP draft at all: its strict loader wants the KV-cache
@@ -292,24 +310,16 @@ CASES = [
         },
         {"ignore_style": "unlisted"},
     ),
-    # EXAONE MoE's drafter builds its MTP layer under the checkpoint's names (mtp.*), so an `ignore` naming
-    # them serves stock; one that never saw the layer gets it quantized: INT8 casts the BF16 weights into
-    # it, W4A16 wants packed tensors the checkpoint lacks.
-    Case("exaone_moe", "int8_w8a8", "acceptance 1.0"),
-    Case("exaone_moe", "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
-    Case(
-        "exaone_moe",
-        "w4a16",
-        {
-            "0.22.1": "KeyError: 'fc.weight'",
-            "0.32.0": "There is no module or parameter named 'fc.weight' in ExaoneMoeMultiTokenPredictor",
-        },
-        {"ignore_style": "unlisted"},
-    ),
+    # EXAONE MoE's and EXAONE 4.5's drafters build their MTP layer under the checkpoint's names (mtp.*), so an
+    # `ignore` naming them serves stock 0.32.0; one that never saw the layer gets it quantized: INT8 casts the
+    # BF16 weights into it, W4A16 wants packed tensors the checkpoint lacks.
+    *_exaone_cases("exaone_moe", "ExaoneMoeMultiTokenPredictor"),
+    *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor"),
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
-MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, "exaone_moe")
+EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
+MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES)
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
@@ -350,9 +360,9 @@ BAD_LAYOUTS = [
     *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
     # MiMo-V2's drafter builds its first MTP layer only (DRAFTER_BUILDS_FIRST_LAYER_ONLY): nothing is lost.
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
-    # Stock EXAONE MoE builds a declared MTP layer the checkpoint lacks from nothing, but drafts every step
-    # with its first layer (its proposer passes no spec_step_idx): nothing is lost there.
-    *_bad_layouts("exaone_moe", "acceptance 1.0"),
+    # Stock EXAONE drafters build a declared MTP layer the checkpoint lacks from nothing, but draft every step
+    # with their first layer (the proposer passes no spec_step_idx): nothing is lost there.
+    *(case for arch in EXAONE_FAMILIES for case in _bad_layouts(arch, "acceptance 1.0")),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
