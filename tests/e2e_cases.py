@@ -148,6 +148,7 @@ GRAFTED = [
     for export, stock in zip(QUANTIZER_EXPORTS, results, strict=True)
 ]
 
+
 def _exaone_cases(arch: str, predictor: str) -> list[Case]:
     """An EXAONE family's INT8 export naming its MTP layer in `ignore`, and the INT8 and W4A16 ones that do
     not; predictor: its drafter's module that stock 0.32.0's loader names."""
