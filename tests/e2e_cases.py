@@ -149,16 +149,16 @@ GRAFTED = [
 ]
 
 
-# Stock 0.22.1 builds the EXAONE drafters' MTP layer quantized even where `ignore` names it (every draft
-# Linear CompressedTensorsLinearMethod, measured): 0 %, where 0.32.0 drafts it unquantized.
-EXAONE_NAMED_IN_IGNORE = {"0.22.1": "acceptance 0.0", "0.32.0": "acceptance 1.0"}
+# Stock 0.22.1 builds EXAONE MoE's MTP layer quantized even where `ignore` names it (every draft Linear
+# CompressedTensorsLinearMethod, measured): 0 %, where 0.32.0 (0.22.1 too for EXAONE 4.5) builds it BF16.
+EXAONE_MOE_NAMED_IN_IGNORE = {"0.22.1": "acceptance 0.0", "0.32.0": "acceptance 1.0"}
 
 
-def _exaone_cases(arch: str, predictor: str) -> list[Case]:
-    """An EXAONE family's INT8 export naming its MTP layer in `ignore`, and the INT8 and W4A16 ones that do
-    not; predictor: its drafter's module that stock 0.32.0's loader names."""
+def _exaone_cases(arch: str, predictor: str, named_in_ignore) -> list[Case]:
+    """An EXAONE family's INT8 export naming its MTP layer in `ignore` (stock: named_in_ignore), and the INT8
+    and W4A16 ones that do not; predictor: its drafter's module that stock 0.32.0's loader names."""
     return [
-        Case(arch, "int8_w8a8", EXAONE_NAMED_IN_IGNORE),
+        Case(arch, "int8_w8a8", named_in_ignore),
         Case(arch, "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
         Case(
             arch,
@@ -319,8 +319,8 @@ CASES = [
     # EXAONE MoE's and EXAONE 4.5's drafters build their MTP layer under the checkpoint's names (mtp.*), so an
     # `ignore` naming them serves stock 0.32.0; one that never saw the layer gets it quantized: INT8 casts the
     # BF16 weights into it, W4A16 wants packed tensors the checkpoint lacks.
-    *_exaone_cases("exaone_moe", "ExaoneMoeMultiTokenPredictor"),
-    *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor"),
+    *_exaone_cases("exaone_moe", "ExaoneMoeMultiTokenPredictor", EXAONE_MOE_NAMED_IN_IGNORE),
+    *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor", "acceptance 1.0"),
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
@@ -368,7 +368,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
     # Stock EXAONE drafters build a declared MTP layer the checkpoint lacks from nothing, but draft every step
     # with their first layer (the proposer passes no spec_step_idx): nothing more is lost there.
-    *(case for arch in EXAONE_FAMILIES for case in _bad_layouts(arch, EXAONE_NAMED_IN_IGNORE)),
+    *_bad_layouts("exaone_moe", EXAONE_MOE_NAMED_IN_IGNORE),
+    *_bad_layouts("exaone4_5", "acceptance 1.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
