@@ -323,8 +323,8 @@ CASES = [
     *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor", "acceptance 1.0"),
 ]
 
-# Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
+# Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
 MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES)
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
