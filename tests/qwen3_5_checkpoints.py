@@ -47,6 +47,7 @@ from checkpoints import (
     RMS_NORM_EPS,
     ROPE_THETA,
     SUCCESSOR_FILE,
+    VISION_TOWER_IGNORE,
     VOCAB_SIZE,
     _compress_linears,
     _linear_swiglu,
@@ -252,7 +253,7 @@ def ignore_list(family: str, ignore_style: str) -> list[str]:
     """compressed-tensors `ignore`: "names" lists the BF16 MTP Linears, "unlisted" leaves them out.
     The vision tower is left out of quantization as the releases' quantizers do (vLLM builds it even
     for a text-only run, and its tiny Linears fit no W4A16 group)."""
-    unquantized = ["lm_head"] if family in FLAT_CONFIG_FAMILIES else ["lm_head", "re:.*visual.*"]
+    unquantized = ["lm_head"] if family in FLAT_CONFIG_FAMILIES else ["lm_head", VISION_TOWER_IGNORE]
     _, kept_bf16 = _gdn_projections(family)
     for index, layer_type in enumerate(LAYER_TYPES):
         layer = _layer(family, index)

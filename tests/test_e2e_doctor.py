@@ -14,6 +14,7 @@ from checkpoints import run_mtpq
 from e2e_cases import (
     ARCHITECTURES,
     CASES,
+    EXAONE_MOE_NAMED_IN_IGNORE,
     GRAFTED,
     OWN_SCHEME_MTP,
     QUANTIZED_MTP,
@@ -35,6 +36,8 @@ from test_e2e_mtp_acceptance import cpu_cannot_run
 NOT_PREDICTED = [
     *[(case, "stock") for case in QWEN3_5_BAD_INPUT if case.options["damage"] == "mtp-layers-overdeclared"],
     *[(case, "stock") for case in CASES if case.arch == "mimo_v2_flash" and case.quant == "w4a16"],
+    # Nor why stock 0.22.1 builds EXAONE MoE's MTP layer quantized where `ignore` names it.
+    *[(case, "stock") for case in CASES if case.stock is EXAONE_MOE_NAMED_IN_IGNORE],
 ]
 # Stock runs are planned for every case but the BF16 baselines (stock vLLM serves those, untested here).
 CHECKED = [

@@ -210,7 +210,14 @@ ARCHITECTURES = (
         missing_count=0,
         count_source="transformers' NemotronHConfig",
     ),
-    MtpArchitecture("EXAONE MoE", model_types=("exaone_moe", "exaone4_5")),
+    # ExaoneMoeMTP (and EXAONE 4.5's Exaone4_5_MTP) build the MTP layer under the checkpoint's names:
+    # prefix "mtp", its decoder layers mtp.layers.{i}, beside mtp.fc and the pre-fc norms.
+    MtpArchitecture(
+        "EXAONE MoE",
+        model_types=("exaone_moe", "exaone4_5"),
+        layout="mtp.",
+        draft_names={"0.22.1": _checkpoint_names},
+    ),
     MtpArchitecture("LongCat-Flash", model_types=("longcat_flash",)),
     # OpenPanguMultiTokenPredictorLayer builds its decoder block with the layer's prefix (DeepSeek-V3's
     # layout): quantization reaches it under the checkpoint's names; its eh_proj is a torch Linear.
