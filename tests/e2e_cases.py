@@ -298,6 +298,16 @@ CASES = [
     # model's names (model. -> language_model.model.), which the draft's model.mtp.layers.0.* are not.
     Case("mimo_v2", "int8_w8a8", "acceptance 0.0"),
     *[Case("mimo_v2", quant, "acceptance 0.0", {"ignore_style": "unlisted"}) for quant in ("int8_w8a8", "w4a16")],
+    # GLM-OCR (GlmOcrMTPModel) builds its MTP block as model.layers.N (not under the checkpoint's
+    # model.language_model.layers.N), so in the trunk's scheme whether or not `ignore` names the layer.
+    Case("glm_ocr", "int8_w8a8", "acceptance 0.0"),
+    Case("glm_ocr", "int8_w8a8", "acceptance 0.0", {"ignore_style": "unlisted"}),
+    Case(
+        "glm_ocr",
+        "w4a16",
+        "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.

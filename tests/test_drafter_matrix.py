@@ -41,6 +41,8 @@ E2E_TARGETS = {
     "pangu_ultra_moe": "pangu_ultra_moe",
     "ernie4_5_moe": "ernie4_5_moe",
     "mimo_v2_flash": "MiMoV2FlashForCausalLM",
+    "mimo_v2": "MiMoV2OmniForCausalLM",
+    "glm_ocr": "GlmOcrForConditionalGeneration",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -57,6 +59,8 @@ E2E_FILES = {
     "pangu_ultra_moe": "tests/test_e2e_mtp_acceptance.py",
     "ernie4_5_moe": "tests/test_e2e_mtp_acceptance.py",
     "mimo_v2_flash": "tests/test_e2e_mtp_acceptance.py",
+    "mimo_v2": "tests/test_e2e_mtp_acceptance.py",
+    "glm_ocr": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {
