@@ -844,12 +844,16 @@ MIMO_V2_OMNI = dataclasses.replace(
         "auto_map": {"AutoConfig": "configuration_mimo_v2.MiMoV2Config"},
         # The tower's fields its constructor reads beyond the config class's defaults (use_sink), and an
         # image token outside the vocabulary: the proposer copies it to the draft; no prompt holds one.
-        "vision_config": {"depth": 1, "hidden_size": HIDDEN_SIZE, "out_hidden_size": HIDDEN_SIZE, "use_sink": False},
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": HIDDEN_SIZE,
+            "out_hidden_size": HIDDEN_SIZE,
+            "use_sink": False,
+        },
         "image_token_id": VOCAB_SIZE,
     },
     extra_files={"configuration_mimo_v2.py": _CONFIGURATION_MIMO_V2},
 )
-
 
 
 # GLM-OCR (GlmOcrForConditionalGeneration, drafted by GlmOcrMTPModel): transformers' multimodal config, the

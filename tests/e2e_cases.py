@@ -297,7 +297,10 @@ CASES = [
     # (which serves Flash), the multimodal target's weight mapper has re-keyed `ignore` to its language
     # model's names (model. -> language_model.model.), which the draft's model.mtp.layers.0.* are not.
     Case("mimo_v2", "int8_w8a8", "acceptance 0.0"),
-    *[Case("mimo_v2", quant, "acceptance 0.0", {"ignore_style": "unlisted"}) for quant in ("int8_w8a8", "w4a16")],
+    *[
+        Case("mimo_v2", quant, "acceptance 0.0", {"ignore_style": "unlisted"})
+        for quant in ("int8_w8a8", "w4a16")
+    ],
     # GLM-OCR (GlmOcrMTPModel) builds its MTP block as model.layers.N (not under the checkpoint's
     # model.language_model.layers.N), so in the trunk's scheme whether or not `ignore` names the layer.
     Case("glm_ocr", "int8_w8a8", "acceptance 0.0"),

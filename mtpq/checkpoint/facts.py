@@ -288,7 +288,10 @@ ARCHITECTURES = (
         layout="model.mtp.",
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj", "o_proj"),
-        ignore_renamed=(("model.language_model.", "language_model.model."), ("model.", "language_model.model.")),
+        ignore_renamed=(
+            ("model.language_model.", "language_model.model."),
+            ("model.", "language_model.model."),
+        ),
     ),
 )
 
