@@ -357,6 +357,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("mimo_v2_flash", "acceptance 1.0"),
     # MiMo-V2-Omni's stock draft is already garbage on this export (CASES), the extra layer never built.
     *_bad_layouts("mimo_v2", "acceptance 0.0"),
+    # So is GLM-OCR's (CASES): it builds the extra layer in the trunk's scheme too, uninitialised.
+    *_bad_layouts("glm_ocr", "acceptance 0.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
