@@ -521,6 +521,7 @@ TENSOR_PARALLEL_SIZE = 2
 TENSOR_PARALLEL_CASES = [
     *map(case_named, ("mimo-int8_w8a8", "glm4_moe-int8_w8a8-unlisted", "deepseek_v3-int8_w8a8-unlisted")),
     *QWEN3_5_CASES[:2],
+    case_named("glm_ocr-int8_w8a8"),
 ]
 # Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
 TENSOR_PARALLEL_STOCK_CASES = [case_named("mimo-int8_w8a8"), QWEN3_5_CASES[0]]
