@@ -273,7 +273,7 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
     expert = f"{experts}.{_EXPERT_SHARDS[0]}"
     if (
-        _ignored(diagnosis, expert, version) is not False
+        _ignored(checkpoint, expert, version, architecture) is not False
         or (scheme := _targeting_group(checkpoint, expert)) is None
     ):
         return None
@@ -457,7 +457,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
         elif not compressed_tensors:
             modules.append(DraftModule(name, stored, runtime, "quantized"))
         else:
-            ignored = _ignored(diagnosis, runtime, version)
+            ignored = _ignored(checkpoint, runtime, version, architecture)
             if ignored is None:
                 modules.append(DraftModule(name, stored, runtime, "mixed"))
             else:
@@ -496,13 +496,16 @@ def _matches_any(name: str, entries: list[str]) -> bool:
     return any(_matches(name, entry) for entry in entries)
 
 
-def _ignored(diagnosis: Diagnosis, runtime: str, version: str) -> bool | None:
-    """Whether `ignore` (as the target renames it) covers the module, as vLLM's should_ignore_layer
-    decides: an entry for its fused linear's own name ignores it (facts.IGNORE_BY_FUSED_NAME); else its
-    shards, all, none, or None for some (vLLM refuses that). An expert layer is decided by expert 0's
-    projections."""
-    _, entries = diagnosis.checkpoint.ignore_entries()
-    entries = diagnosis.architecture.renamed_ignore(entries)
+def _ignored(
+    checkpoint: Checkpoint, runtime: str, version: str, architecture: facts.MtpArchitecture | None = None
+) -> bool | None:
+    """Whether `ignore` (as the architecture's target renames it) covers the module, as vLLM's
+    should_ignore_layer decides: an entry for its fused linear's own name ignores it
+    (facts.IGNORE_BY_FUSED_NAME); else its shards, all, none, or None for some (vLLM refuses that). An
+    expert layer is decided by expert 0's projections."""
+    _, entries = checkpoint.ignore_entries()
+    if architecture:
+        entries = architecture.renamed_ignore(entries)
     layer = runtime_layer(runtime)
     by_name = facts.since(version, facts.IGNORE_BY_FUSED_NAME)
     if not _EXPERT.match(runtime) and (
