@@ -26,6 +26,7 @@ experts and lm_head in BF16, listed in ``ignore``.
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import json
 import math
@@ -241,14 +242,22 @@ class Architecture:
     mtp_modules_prefix: str | None = None
     # The main layers rotate adjacent pairs (GPT-J-style RoPE) instead of halves.
     main_rotary_interleaved: bool = False
-    # Where the main model's decoder layers and final norm live (a VLM's language model nests them).
-    text_model: str = "model"
     # A VLM's vision tower: vLLM builds it even for a text-only run, so the quantizer leaves it out (as the
     # releases' do; its tiny Linears fit no W4A16 group).
     vision_tower: bool = False
     # Post-norm layers (EXAONE 4's): no norm before attention or MLP; post_attention_layernorm and
     # post_feedforward_layernorm scale each sublayer's output before the residual adds it.
     post_norm: bool = False
+    # The MTP layer does too (GLM-OCR's, a GLM-4 layer as the main ones).
+    mtp_rotary_interleaved: bool = False
+    # Where the trunk's decoder layers and final norm live (a multimodal model's language model nests them).
+    model_prefix: str = "model"
+    # Norms of each sublayer's output before it joins the residual (GLM-4's post_self_attn_layernorm and
+    # post_mlp_layernorm); their weights carry the sublayer's gain.
+    sublayer_output_norms: tuple[str, str] | None = None
+    # The config.json key of the sub-config holding the text model's fields and MTP layer count (a
+    # multimodal config's text_config); None: the top level.
+    text_config_key: str | None = None
 
     @property
     def name(self) -> str:
@@ -268,7 +277,7 @@ class Architecture:
         return any(name.startswith(f"{root}.") for root in roots)
 
     def layer_prefix(self, layer: int) -> str:
-        return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"{self.text_model}.layers.{layer}"
+        return self.mtp_prefix if layer == NUM_HIDDEN_LAYERS else f"{self.model_prefix}.layers.{layer}"
 
     def is_moe(self, layer: int) -> bool:
         return layer in self.moe_layers
@@ -287,9 +296,13 @@ class Architecture:
             projections.append(self.attention_output)
         return [f"{self.layer_prefix(layer)}.{self.attention}.{name}" for name in projections]
 
-    def unit_norm(self, size: int = HIDDEN_SIZE) -> torch.Tensor:
-        """RMSNorm weights that leave the normalised input unscaled."""
-        return torch.full((size,), 1.0 - self.norm_weight_offset)
+    def unit_norm(self, size: int = HIDDEN_SIZE, gain: float = 1.0) -> torch.Tensor:
+        """RMSNorm weights that scale the normalised input by gain (1: unscaled)."""
+        return torch.full((size,), gain - self.norm_weight_offset)
+
+    def text_config(self, config: dict) -> dict:
+        """The (sub-)config of config.json holding the text model's fields."""
+        return config[self.text_config_key] if self.text_config_key else config
 
     def dense_mlp(self, layer: int) -> str:
         """The dense MLP of a dense layer, the shared expert of an MoE one."""
@@ -931,15 +944,107 @@ def _exaone4_5_config() -> dict:
     }
 
 
+# MiMo-V2-Omni (MiMoV2OmniForCausalLM, drafted by MiMoV2OmniMTPModel): MiMo-V2-Flash's language model and
+# MTP layer (the draft is MiMoV2MTP's) beside a vision tower, its config class remote code (model_type
+# mimo_v2, which vLLM's config converter maps as mimo_v2_flash). The engine runs it text-only
+# (limit_mm_per_prompt 0), which builds no tower, so the checkpoint holds none.
+_CONFIGURATION_MIMO_V2 = '''\
+"""MiMo-V2 configuration: MiMo-V2-Flash's fields under MiMo-V2's model type, with a vision_config."""
+
+from transformers import MiMoV2FlashConfig
+
+
+class MiMoV2Config(MiMoV2FlashConfig):
+    model_type = "mimo_v2"
+'''
+MIMO_V2_OMNI = dataclasses.replace(
+    MIMO_V2_FLASH,
+    hf_config={
+        **_mimo_v2_flash_config(),
+        "architectures": ["MiMoV2OmniForCausalLM"],
+        "model_type": "mimo_v2",
+        "auto_map": {"AutoConfig": "configuration_mimo_v2.MiMoV2Config"},
+        # The tower's fields its constructor reads beyond the config class's defaults (use_sink), and an
+        # image token outside the vocabulary: the proposer copies it to the draft; no prompt holds one.
+        "vision_config": {
+            "depth": 1,
+            "hidden_size": HIDDEN_SIZE,
+            "out_hidden_size": HIDDEN_SIZE,
+            "use_sink": False,
+        },
+        "image_token_id": VOCAB_SIZE,
+    },
+    extra_files={"configuration_mimo_v2.py": _CONFIGURATION_MIMO_V2},
+)
+
+
+# GLM-OCR (GlmOcrForConditionalGeneration, drafted by GlmOcrMTPModel): transformers' multimodal config, the
+# text model's fields and MTP layer count in text_config, its language model under model.language_model
+# (GLM-4 decoder layers: norms of each sublayer's output, GPT-J-style RoPE on half of each head, M-RoPE
+# sections that text-only positions make plain RoPE) and the MTP layer as its decoder layer N (enorm,
+# hnorm, eh_proj, shared_head.norm; the draft's logits the target's lm_head, its embedding the target's).
+# The MLP's gate and up projections are stored apart (the releases fuse them as gate_up_proj; both
+# loaders take either). The engine runs it text-only, which builds no vision tower, so none is stored.
+GLM_OCR_ROTARY_DIM = int(HEAD_DIM * GLM_PARTIAL_ROTARY_FACTOR)
+
+
+def _glm_ocr_config() -> dict:
+    glm = _glm4_moe_config()
+    shared = ("hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads", "head_dim")
+    text = ("num_key_value_heads", "vocab_size", "hidden_act", "max_position_embeddings", "rms_norm_eps")
+    return {
+        "architectures": ["GlmOcrForConditionalGeneration"],
+        "model_type": "glm_ocr",
+        "text_config": {
+            **{key: glm[key] for key in (*shared, *text)},
+            "model_type": "glm_ocr_text",
+            "num_nextn_predict_layers": 1,
+            "rope_parameters": {
+                **glm["rope_parameters"],
+                # Each section a third of the rotated pairs, as the releases' [16, 24, 24] of 64.
+                "mrope_section": [2, 3, 3],
+            },
+            "pad_token_id": None,
+            **ENGINEERED_CONFIG_FIELDS,
+        },
+        "vision_config": {"depth": 1, "hidden_size": HIDDEN_SIZE, "out_hidden_size": HIDDEN_SIZE},
+        # Media tokens outside the vocabulary: the proposer copies the image token to the draft; no
+        # prompt holds one.
+        **{f"{media}_token_id": VOCAB_SIZE + offset for offset, media in enumerate(("image", "video"))},
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
 EXAONE4_5 = dataclasses.replace(
     EXAONE_MOE,
     hf_config=_exaone4_5_config(),
     moe_layers=(),
     moe_layout=None,
     embedding="model.language_model.embed_tokens.weight",
-    text_model="model.language_model",
+    model_prefix="model.language_model",
     vision_tower=True,
     post_norm=True,
+)
+
+
+GLM_OCR = Architecture(
+    hf_config=_glm_ocr_config(),
+    mtp_prefix=f"model.language_model.layers.{NUM_HIDDEN_LAYERS}",
+    mtp_ignore_regex=rf"re:.*layers\.{NUM_HIDDEN_LAYERS}\..*",
+    embed_norm="enorm",
+    hidden_norm="hnorm",
+    projection="eh_proj",
+    final_norm="shared_head.norm",
+    head="lm_head.weight",
+    embeds_first=True,
+    rotary_dim=GLM_OCR_ROTARY_DIM,
+    attention_bias=False,
+    main_rotary_interleaved=True,
+    mtp_rotary_interleaved=True,
+    model_prefix="model.language_model",
+    embedding="model.language_model.embed_tokens.weight",
+    sublayer_output_norms=("post_self_attn_layernorm", "post_mlp_layernorm"),
+    text_config_key="text_config",
 )
 
 
@@ -958,6 +1063,8 @@ ARCHITECTURES = {
         MIMO_V2_FLASH,
         EXAONE_MOE,
         EXAONE4_5,
+        MIMO_V2_OMNI,
+        GLM_OCR,
     )
 }
 
@@ -1018,7 +1125,7 @@ def make_checkpoint(
 
     weights, successor = build_engineered_weights(architecture, seed)
     tensors = {name: value.to(torch.bfloat16) for name, value in weights.items()}
-    config = dict(architecture.hf_config)
+    config = copy.deepcopy(architecture.hf_config)
     if quant != "bf16":
         modules = architecture.main_quantized_linears
         if quantize_mtp:
@@ -1040,10 +1147,10 @@ def make_checkpoint(
 
     if drop_mtp:
         tensors = {name: value for name, value in tensors.items() if not architecture.is_mtp_tensor(name)}
-        del config[MTP_LAYER_COUNT_FIELD]
+        del architecture.text_config(config)[MTP_LAYER_COUNT_FIELD]
     damage_tensor(tensors, architecture.damaged_tensor, damage)
     if damage == "mtp-layers-overdeclared":
-        config[MTP_LAYER_COUNT_FIELD] += 1
+        architecture.text_config(config)[MTP_LAYER_COUNT_FIELD] += 1
     save_file(
         {name: value.contiguous() for name, value in tensors.items()},
         out / "model.safetensors",
@@ -1083,7 +1190,7 @@ def build_engineered_weights(
     embed, lm_head, successor = chain_embeddings(generator)
     weights = {
         architecture.embedding: embed,
-        f"{architecture.text_model}.norm.weight": architecture.unit_norm(),
+        f"{architecture.model_prefix}.norm.weight": architecture.unit_norm(),
         "lm_head.weight": lm_head,
     }
     for layer in range(NUM_HIDDEN_LAYERS):
@@ -1165,6 +1272,11 @@ def _random_layer(architecture, layer, randn, output_gain: float = MAIN_SUBLAYER
         weights.update(
             _random_attention(architecture, f"{prefix}.{architecture.attention}", randn, output_gain)
         )
+    if architecture.sublayer_output_norms:
+        # The MTP MLP's output norm scales its inverse rotation as its down projection does elsewhere.
+        mlp_gain = MTP_MLP_GAIN if layer == NUM_HIDDEN_LAYERS else output_gain
+        for norm, gain in zip(architecture.sublayer_output_norms, (output_gain, mlp_gain), strict=True):
+            weights[f"{prefix}.{norm}.weight"] = architecture.unit_norm(gain=gain)
     if architecture.is_moe(layer):
         moe = architecture.moe_layout
         weights[f"{prefix}.{moe.router}.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
@@ -1492,11 +1604,15 @@ def _rotary(x, positions, rotary_dim):
     return torch.cat([first * cos - second * sin, second * cos + first * sin, passed], dim=-1)
 
 
-def _interleaved_rotary(x, positions):
-    """GPT-J-style RoPE (pairs of adjacent dimensions), as vLLM's get_rope(is_neox_style=False)."""
-    cos, sin = _rotary_angles(positions, x.shape[-1])
-    even, odd = x[..., ::2], x[..., 1::2]
-    return torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+def _interleaved_rotary(x, positions, rotary_dim=None):
+    """GPT-J-style RoPE (pairs of adjacent dimensions) over the first rotary_dim dimensions (all: None),
+    as vLLM's get_rope(is_neox_style=False)."""
+    rotary_dim = rotary_dim or x.shape[-1]
+    rotated, passed = x[..., :rotary_dim], x[..., rotary_dim:]
+    cos, sin = _rotary_angles(positions, rotary_dim)
+    even, odd = rotated[..., ::2], rotated[..., 1::2]
+    rotated = torch.stack([even * cos - odd * sin, odd * cos + even * sin], dim=-1).flatten(-2)
+    return torch.cat([rotated, passed], dim=-1)
 
 
 def causal_attention(q, k, v, scale, sinks=None):
@@ -1554,11 +1670,13 @@ class EngineeredReference:
         )
         if self.architecture.qk_norm:
             q, k = self._norm(f"{prefix}.q_norm", q), self._norm(f"{prefix}.k_norm", k)
-        if self.architecture.main_rotary_interleaved and layer < NUM_HIDDEN_LAYERS:
-            q, k = _interleaved_rotary(q, positions), _interleaved_rotary(k, positions)
+        architecture = self.architecture
+        if layer < NUM_HIDDEN_LAYERS:
+            interleaved = architecture.main_rotary_interleaved
         else:
-            rotary_dim = self.architecture.rotary_dim
-            q, k = _rotary(q, positions, rotary_dim), _rotary(k, positions, rotary_dim)
+            interleaved = architecture.mtp_rotary_interleaved
+        rotary = _interleaved_rotary if interleaved else _rotary
+        q, k = rotary(q, positions, architecture.rotary_dim), rotary(k, positions, architecture.rotary_dim)
         return causal_attention(q, k, v, HEAD_DIM**-0.5, self.weights.get(f"{prefix}.attention_sink_bias"))
 
     def _mla(self, layer, prefix, x, positions):
@@ -1591,11 +1709,19 @@ class EngineeredReference:
         attention = self._mla if architecture.mla else self._attention
         attention_prefix = f"{prefix}.{architecture.attention}"
         attended = attention(layer, attention_prefix, normed, positions).flatten(1)
-        residual = hidden + self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
+        attention_output = self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
+        output_norms = architecture.sublayer_output_norms
+        if output_norms:
+            attention_output = self._norm(f"{prefix}.{output_norms[0]}", attention_output)
+        residual = hidden + attention_output
         normed = self._norm(architecture.pre_mlp_norm(layer), residual)
         if architecture.is_moe(layer):
-            return self._moe(layer, normed), residual
-        return self._swiglu(architecture.dense_mlp(layer), normed), residual
+            output = self._moe(layer, normed)
+        else:
+            output = self._swiglu(architecture.dense_mlp(layer), normed)
+        if output_norms:
+            output = self._norm(f"{prefix}.{output_norms[1]}", output)
+        return output, residual
 
     def _post_norm_decoder_layer(self, prefix, layer, hidden, positions):
         """EXAONE 4's layer: each sublayer reads the residual stream as it is, its output normed."""
@@ -1621,7 +1747,7 @@ class EngineeredReference:
         return hidden
 
     def main_logits(self, hidden):
-        return self._norm(f"{self.architecture.text_model}.norm", hidden) @ self.weights["lm_head.weight"].T
+        return self._norm(f"{self.architecture.model_prefix}.norm", hidden) @ self.weights["lm_head.weight"].T
 
     def mtp_forward(self, next_tokens, previous_hidden, positions):
         """MTP layer over a sequence: returns (draft logits, MTP hidden states)."""

