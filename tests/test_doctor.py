@@ -484,6 +484,23 @@ def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_r
     )
 
 
+def test_a_gptq_config_vllm_cannot_read_is_a_crash_naming_the_field_not_a_traceback(tmp_path):
+    """A GPTQ config without its bits over a quantized MTP layer: vLLM refuses it at start-up, and so does
+    the series' check, which builds vLLM's config class; the doctor says so."""
+    layout = LAYOUTS["mimo"]
+    unreadable = {key: value for key, value in GPTQ_INT4.items() if key != "bits"}
+    write_checkpoint(
+        tmp_path, quantized(layout, unreadable), {"model.safetensors": layout.tensors("gptq", "gptq")}
+    )
+
+    found = doctor.diagnose(tmp_path, ["0.32.0", NEWEST], "cuda")
+
+    for version in ("0.32.0", NEWEST):
+        refused = verdict(found, "patched", version)
+        assert refused.kind == doctor.CRASH, refused
+        assert refused.error == "ValueError: Cannot find any of ['bits'] in the model's quantization config."
+
+
 def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up_by_the_series(tmp_path):
     """FP8 MTP tensors beside an INT8 trunk: a Quark config that builds them with its INT8
     global_quant_config is refused by the v0.32.0/v0.33.0 series (0026); a layer_quant_config

@@ -340,6 +340,11 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
         except survey.MtpQuantSchemeError as error:
             why = "draft_quant_config 'auto' refuses the config groups for the MTP layer"
             return Verdict(CRASH, why, f"draft_quant_config='auto': {error}")
+        # The check builds vLLM's own config class, which refuses a quantization_config it cannot read
+        # (a field missing) as vLLM does at start-up.
+        except (KeyError, ValueError, TypeError, AttributeError) as error:
+            why = "vLLM cannot read the checkpoint's quantization_config"
+            return Verdict(CRASH, why, f"{type(error).__name__}: {error}")
     return _draft_verdict(diagnosis, version, patched=True)
 
 

@@ -114,9 +114,17 @@ def is_layer_gptq_quantized(prefix: str, quantized_layers: list) -> bool:
     return not flat or any(name in prefix for name in flat)
 
 
+def _get_from_keys(config: dict, keys: list[str]):
+    """QuantizationConfig.get_from_keys: the first of the keys, else vLLM's own refusal."""
+    for key in keys:
+        if key in config:
+            return config[key]
+    raise ValueError(f"Cannot find any of {keys} in the model's quantization config.")
+
+
 class _AutoGPTQConfig:
     def __init__(self, config: dict) -> None:
-        self.weight_bits = config["bits"]
+        self.weight_bits = _get_from_keys(config, ["bits"])
         self.dynamic = config.get("dynamic") or {}
         self.modules_in_block_to_quantize = config.get("modules_in_block_to_quantize") or []
 
