@@ -155,7 +155,7 @@ def detector_table(scratch: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--startup-runs", type=int, default=2)
+    parser.add_argument("--startup-runs", type=int, default=2, help="0: no start-up table")
     parser.add_argument("--skip-engines", action="store_true", help="only the detector figures")
     parser.add_argument("--max-tokens", type=int, default=128, help="per prompt, in the throughput table")
     parser.add_argument("--arch", nargs="+", help="only these architectures' cases (e2e_cases.py names)")
@@ -168,7 +168,8 @@ def main() -> None:
             newest_target = version == targets()[-1].version
             acceptance_table(checkpoint_of, version, newest_target, args.arch)
             throughput_table(checkpoint_of, version, args.max_tokens, args.arch)
-            startup_table(checkpoint_of, args.startup_runs)
+            if args.startup_runs > 0:
+                startup_table(checkpoint_of, args.startup_runs)
 
 
 if __name__ == "__main__":
