@@ -135,7 +135,6 @@ ENGINE_LIMITS = {
             "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
         ),
     },
-    "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
 # exception and innermost vLLM frame its run stops with.
@@ -150,8 +149,9 @@ ENGINE_LIMIT_RUNS = {
 }
 
 
-# The end-to-end architectures this session's CPU engine runs.
-E2E_HERE = [name for name in (*ARCHITECTURES, *QWEN3_5_FAMILIES) if TARGET not in CANNOT_RUN.get(name, {})]
+# The end-to-end architectures, and those this session's CPU engine runs.
+E2E_ARCHITECTURES = (*ARCHITECTURES, *QWEN3_5_FAMILIES)
+E2E_HERE = [name for name in E2E_ARCHITECTURES if TARGET not in CANNOT_RUN.get(name, {})]
 
 
 def checked_by(drafter: drafters.Drafter, patched: str, run: dict) -> str:
@@ -159,12 +159,18 @@ def checked_by(drafter: drafters.Drafter, patched: str, run: dict) -> str:
     e2e = sorted({E2E_FILES[name] for name in E2E_HERE if E2E_TARGETS[name] in drafter.targets})
     if e2e:
         return f"end to end on the CPU engine ({', '.join(e2e)})"
+    # Why this bed's engine cannot run an end-to-end family of this drafter (its case's skip reason).
+    cannot_run = [
+        CANNOT_RUN[name][TARGET] for name in E2E_ARCHITECTURES if E2E_TARGETS[name] in drafter.targets
+    ]
     if patched.startswith(drafters.NOT_BUILT):
         why = "the draft is not built on CPU (the row says why)"
     elif drafter.key in ENGINE_LIMITS.get(TARGET, {}):
         why = ENGINE_LIMITS[TARGET][drafter.key]
+    elif cannot_run:
+        why = cannot_run[0]
     elif run.get("mla") and TARGET in MLA_CANNOT_RUN:
-        why = "the CPU platform has no multi-head latent attention"
+        why = MLA_CANNOT_RUN[TARGET]
     else:
         why = "no end-to-end case for this architecture yet"
     if drafter.key in LOADED_BY:

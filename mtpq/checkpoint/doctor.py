@@ -372,17 +372,18 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         )
     keeps_own_scheme = patched and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
     shards_before_class = patched or bool(facts.since(version, facts.SHARD_NAMES_BEFORE_CLASS))
+    mixed_precision = _modelopt_mixed_precision(checkpoint)
     if not keeps_own_scheme and (
         missed := [
             runtime_layer(module.runtime)
             for module in modules
-            if _own_group_missed(checkpoint, module, shards_before_class)
+            if _own_group_missed(checkpoint, module, shards_before_class, mixed_precision)
         ]
     ):
         by = (
             "by another quantized_layers entry than the checkpoint names the MTP layer's by (none: "
             "unquantized)"
-            if _modelopt_mixed_precision(checkpoint)
+            if mixed_precision
             else "in another config group than the checkpoint names the MTP layer's own by"
         )
         why = f"the draft builds {_first(missed)} {by}: its tensors do not fit"
@@ -566,14 +567,19 @@ def _entry_algo(config: matching._ModelOptConfig, name: str) -> str | None:
     return None if config.is_layer_excluded(name) else config._resolve_quant_algo(name)
 
 
-def _own_group_missed(checkpoint: Checkpoint, module: DraftModule, shards_before_class: bool) -> bool:
-    """A quantized MTP module whose config group (ModelOpt mixed precision: quantized_layers entry) by
-    its checkpoint name is not the one its draft name takes: the draft builds it in another scheme than
-    its tensors are stored in."""
+def _own_group_missed(
+    checkpoint: Checkpoint,
+    module: DraftModule,
+    shards_before_class: bool,
+    mixed_precision: matching._ModelOptConfig | None,
+) -> bool:
+    """A quantized MTP module whose config group (ModelOpt mixed precision, the checkpoint's
+    `mixed_precision` config: quantized_layers entry) by its checkpoint name is not the one its draft
+    name takes: the draft builds it in another scheme than its tensors are stored in."""
     # A module built outside the quant config (runtime None) takes no scheme by name.
     if module.stored in facts.FLOAT_DTYPES or module.runtime is None:
         return False
-    if (mixed_precision := _modelopt_mixed_precision(checkpoint)) is not None:
+    if mixed_precision is not None:
         return _entry_algo(mixed_precision, module.name) != _entry_algo(mixed_precision, module.runtime)
     if module.built != "quantized":
         return False

@@ -10,10 +10,10 @@ series' module; the draft's quantization decision, which the series differ on, i
 module of the series serving the release judged (`series_survey`).
 
 It needs neither vLLM (imported there only inside functions: those that read files, which the doctor
-does not call, and the start-up check of the quant config, whose compressed-tensors, ModelOpt and
-Quark matching mtpq.checkpoint.matching serves) nor the third-party `regex` package, which vLLM's lint
-requires in place of `re`: its `import regex` is served by the standard library's `re`, which
-accepts the module's patterns.
+does not call, and the start-up check of the quant config, whose compressed-tensors, ModelOpt,
+GPTQ / AutoRound / INC and Quark matching mtpq.checkpoint.matching serves) nor the third-party
+`regex` package, which vLLM's lint requires in place of `re`: its `import regex` is served by the
+standard library's `re`, which accepts the module's patterns.
 """
 
 from __future__ import annotations

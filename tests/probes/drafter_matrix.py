@@ -154,6 +154,8 @@ TARGET_OVERRIDES = {
     },
     "KimiK3MTPModel": {"text_config": {"mla_use_nope": True}},
     "InklingMTPModel": {"mtp_config": {"num_nextn_predict_layers": 1}},
+    # vLLM 0.22.1 reads the releases' per-layer MoE flags (exaone_moe.py:201): transformers' class has none.
+    "ExaoneMoeMTP": {"is_moe_layer": [True] * SIZES["num_hidden_layers"]},
 }
 # Prefix caching off from the start: the CPU platform turns it off for MLA models after the hybrid
 # ones (GLM-5-Next, Kimi-K3) sized their mamba blocks for it, which VllmConfig then refuses.
@@ -279,7 +281,8 @@ def _targets(drafter: Drafter) -> list[tuple[str, str]]:
         candidates = _architecture_names(model_type) + sorted(
             name for name in supported if name.lower().startswith(lowered + "for")
         )
-        pairs += [(model_type, name) for name in candidates[:1] if name in supported]
+        # The first vLLM serves: vLLM 0.22.1 spells transformers' ExaoneMoeForCausalLM ExaoneMoEForCausalLM.
+        pairs += [(model_type, name) for name in candidates if name in supported][:1]
     if not pairs:
         raise LookupError(
             f"no target of {drafter.key} ({', '.join(drafter.targets)}) has a config class in "
