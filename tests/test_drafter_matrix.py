@@ -122,6 +122,21 @@ KDA_TRITON_ONLY = (
     "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
     "tests/test_engine_limits.py)"
 )
+# MiniMax-M3: its MTP layer always builds an MoE block and sparse attention (vllm/models/minimax_m3/nvidia/
+# mtp.py:63-64), whatever the config; the engine stops at the first limit, tests/test_engine_limits.py
+# shows the others on the bed's modules.
+MINIMAX_M3_ON_CPU = (
+    "MiniMax-M3's MoE, norms and sparse attention: every MoE block, the MTP layer's always "
+    "(vllm/models/minimax_m3/nvidia/mtp.py:64), runs the 'swigluoai_uninterleave' activation "
+    "(vllm/models/minimax_m3/nvidia/model.py:262), which no CPU MoE kernel takes (every experts class "
+    "of vllm/model_executor/layers/fused_moe/experts/cpu_moe.py refuses it): 'No Unquantized MoE backend "
+    "supports the deployment configuration.' at start-up "
+    "(vllm/model_executor/layers/fused_moe/oracle/unquantized.py:369); past it, every RMSNorm imports "
+    "FlashInfer (vllm/models/minimax_m3/nvidia/model.py:139), absent from the CPU build, and the sparse "
+    "attention the MTP layer always builds (vllm/models/minimax_m3/nvidia/mtp.py:63) calls "
+    "torch.ops._C.fused_minimax_m3_qknorm_rope_kv_insert (vllm/_custom_ops.py:2629), a CUDA kernel the CPU "
+    "build lacks"
+)
 ENGINE_LIMITS = {
     "0.32.0": {
         "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
@@ -134,6 +149,7 @@ ENGINE_LIMITS = {
             kernel="fused_recurrent_gated_delta_rule_fwd_kernel "
             "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
         ),
+        "MiniMaxM3MTP": MINIMAX_M3_ON_CPU,
     },
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
@@ -144,6 +160,11 @@ ENGINE_LIMIT_RUNS = {
             "AttributeError",
             "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'",
             "vllm/_custom_ops.py:2309",
+        ),
+        "MiniMaxM3MTP": (
+            "NotImplementedError",
+            "No Unquantized MoE backend supports the deployment configuration.",
+            "vllm/model_executor/layers/fused_moe/oracle/unquantized.py:369",
         ),
     }
 }

@@ -29,8 +29,26 @@ from checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer  # noqa: E402
 from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
 
 # Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
-# unset: LongCat-Flash's release sets its zero experts to identity.
-RELEASE_FIELDS = {"LongCatFlashMTPModel": {"zero_expert_type": "identity"}}
+# unset: LongCat-Flash's release sets its zero experts to identity; MiniMax-M3's target builds its vision
+# tower from a dict its config class leaves None (a tiny tower here).
+RELEASE_FIELDS = {
+    "LongCatFlashMTPModel": {"zero_expert_type": "identity"},
+    "MiniMaxM3MTP": {
+        "vision_config": {
+            "hidden_size": 32,
+            "intermediate_size": 64,
+            "num_hidden_layers": 1,
+            "num_attention_heads": 2,
+            "patch_size": 14,
+            "num_channels": 3,
+            "layer_norm_eps": 1e-5,
+            "img_token_compression_config": {"spatial_merge_size": 2, "temporal_patch_size": 2},
+        }
+    },
+}
+# Files besides config.json a target's start-up reads, each written empty (the class defaults are the
+# release's): MiniMax-M3's processor loads its image processor even where no prompt carries an image.
+RELEASE_FILES = {"MiniMaxM3MTP": ("preprocessor_config.json",)}
 
 
 def _engine_sizes(config: dict) -> None:
@@ -59,6 +77,8 @@ def run(drafter, directory: Path) -> dict:
     _engine_sizes(config)
     (directory / "config.json").write_text(json.dumps(config))
     _write_tokenizer(directory)
+    for name in RELEASE_FILES.get(drafter.key, ()):
+        (directory / name).write_text("{}")
     try:
         llm = LLM(
             model=str(directory),
