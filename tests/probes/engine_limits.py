@@ -30,7 +30,8 @@ from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
 
 # Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
 # unset: LongCat-Flash's release sets its zero experts to identity; MiniMax-M3's target builds its vision
-# tower from a dict its config class leaves None (a tiny tower here).
+# tower from a dict its config class leaves None (a tiny tower here); Qwen4-exp's linear attention needs
+# its output gate named (vLLM's Gated DeltaNet refuses None, which transformers reads as hidden_act).
 RELEASE_FIELDS = {
     "LongCatFlashMTPModel": {"zero_expert_type": "identity"},
     "MiniMaxM3MTP": {
@@ -45,6 +46,7 @@ RELEASE_FIELDS = {
             "img_token_compression_config": {"spatial_merge_size": 2, "temporal_patch_size": 2},
         }
     },
+    "Qwen4ExpMTP": {"text_config": {"output_gate_type": "silu"}},
 }
 # Files besides config.json a target's start-up reads, each written empty (the class defaults are the
 # release's): MiniMax-M3's processor loads its image processor even where no prompt carries an image.
@@ -73,7 +75,7 @@ def run(drafter, directory: Path) -> dict:
 
     model_type, architecture = drafter_matrix._targets(drafter)[0]
     config = drafter_matrix.target_config(drafter, model_type, architecture)
-    config |= RELEASE_FIELDS.get(drafter.key, {})
+    config = drafter_matrix._merged(config, RELEASE_FIELDS.get(drafter.key, {}))
     _engine_sizes(config)
     (directory / "config.json").write_text(json.dumps(config))
     _write_tokenizer(directory)
