@@ -275,7 +275,8 @@ def engineered_checkpoint(tmp_path_factory):
 @pytest.fixture(scope="session")
 def engine_run(vllm_probe, engineered_checkpoint):
     """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
-    every planned run of its kind (variant and tensor-parallel size) in one probe process."""
+    every planned run of its kind (variant and tensor-parallel size) in one probe process; a run without
+    MTP, in no plan, runs alone."""
     from e2e_cases import engine_plan, engine_specs
 
     plan = engine_plan(target_version(), newest_target=is_newest_target())
@@ -288,7 +289,12 @@ def engine_run(vllm_probe, engineered_checkpoint):
         if reason := requested.case.cannot_run(target_version()):
             pytest.skip(reason)
         if requested.key not in reports:
-            batch = engine_specs([r for r in plan if r.kind == requested.kind], checkpoint_of)
+            runs = (
+                [r for r in plan if r.kind == requested.kind]
+                if requested.speculative is not None
+                else [requested]
+            )
+            batch = engine_specs(runs, checkpoint_of)
             if requested.key not in batch:
                 pytest.fail(f"{requested.key} is not in e2e_cases.engine_plan()")
             reports.update(vllm_probe("engine_acceptance", requested.variant, json.dumps(batch))["runs"])

@@ -108,7 +108,7 @@ def test_the_doctor_predicts_what_the_engine_does(doctor, engine_run, pin, case,
         flavour == "patched"
         and case.quant == "w4a16"
         and "mtp_quant" not in case.options  # those run only where the CPU runs W4A16 (Case.cannot_run)
-        and (platform_error := cpu_cannot_run(engine_run, case))
+        and (platform_error := cpu_cannot_run(engine_run, case, report))
     ):
         # Not the draft's doing: this CPU cannot run the target's format at all, MTP or not.
         assert predicted["kind"] == "works" and report["error"] == platform_error

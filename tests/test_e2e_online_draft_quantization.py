@@ -33,7 +33,7 @@ def test_online_draft_quantization(engine_run, engineered_checkpoint, pin, onlin
         assert any(expected in error for error in raised), report
         assert any(repr(online.option) in error or str(online.option) in error for error in raised), report
         return
-    if online.case.quant == "w4a16" and (platform_error := cpu_cannot_run(engine_run, online.case)):
+    if online.case.quant == "w4a16" and (platform_error := cpu_cannot_run(engine_run, online.case, report)):
         pytest.skip(f"this CPU cannot run the W4A16 target even without MTP: {platform_error}")
     assert_full_acceptance_and_lossless(report, engineered_checkpoint, online.case)
     bf16_draft = engine_run(EngineRun("patched", online.case, {}))
