@@ -13,8 +13,8 @@ from pathlib import Path
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 # Qwen3-Next: the hybrid Gated DeltaNet MoE model Qwen3.5 grew from (qwen3_5_checkpoints.py builds both).
 QWEN3_NEXT = "qwen3_next"
-# Intern-S2-Mobius: Qwen3.5-MoE's hybrid trunk routing to expert banks its layers share, drafted by Qwen3.5-MoE's
-# MTP layer (qwen3_5_checkpoints.py builds it).
+# Intern-S2-Mobius: Qwen3.5-MoE's hybrid trunk routing to expert banks its layers share, drafted by
+# Qwen3.5-MoE's MTP layer (qwen3_5_checkpoints.py builds it).
 INTERNS2_MOBIUS = "interns2_mobius"
 ARCHITECTURES = (
     "mimo",
@@ -93,7 +93,9 @@ CANNOT_RUN = {
     # openPangu Ultra MoE's attention is MLA too (its stock drafts fail sooner, so it is not in MLA_FAMILIES'
     # bad layouts).
     "pangu_ultra_moe": MLA_CANNOT_RUN,
-    INTERNS2_MOBIUS: {"0.22.1": "vLLM 0.22.1 has no Intern-S2-Mobius drafter (interns2_mobius.py came later)"},
+    INTERNS2_MOBIUS: {
+        "0.22.1": "vLLM 0.22.1 has no Intern-S2-Mobius drafter (interns2_mobius.py came later)"
+    },
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
