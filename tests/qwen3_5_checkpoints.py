@@ -23,6 +23,11 @@ Qwen3-Next (`qwen3_next`), the hybrid Qwen3.5 grew from, differs in: a flat conf
 (`Qwen3NextForCausalLM`, no vision), the MTP layer count as `num_nextn_predict_layers`, the text
 model's tensors under `model.*`, every layer MoE, and the GDN input projections fused as stored
 (`in_proj_qkvz`, `in_proj_ba`). Its MTP tensors are Qwen3.5's (`mtp.fc`, `mtp.layers.0`, ...).
+
+Intern-S2-Mobius (`interns2_mobius`) is Qwen3.5-MoE's layout but for its decoder layers' routed experts:
+they sit in banks the layers share (`model.language_model.meta_mlp.{b}`, the router beside them), each
+layer keeping its shared expert. Its MTP layer is Qwen3.5-MoE's, with experts of its own
+(`mtp_num_experts`, fewer here than a bank holds). Its config class is remote code, stood in for.
 """
 
 from __future__ import annotations
@@ -110,6 +115,8 @@ NUM_BANK_EXPERTS = 2 * NUM_EXPERTS
 # Its config class is remote code (configuration_interns2_mobius.py in its releases): Qwen3.5-MoE's fields
 # under its model type, text_config adding the bank count and the MTP layer's expert counts.
 INTERNS2_MOBIUS_CONFIG_FILE = "configuration_interns2_mobius.py"
+# The Qwen3.5 config class a family's (remote) config class extends.
+_QWEN3_5_CONFIG_OF = {"interns2_mobius": "qwen3_5_moe"}
 _CONFIGURATION_INTERNS2_MOBIUS = '''\
 """Intern-S2-Mobius configuration: Qwen3.5-MoE's fields under Intern-S2-Mobius's model type."""
 
@@ -189,7 +196,7 @@ def hf_config(family: str) -> dict:
         "interns2_mobius": "InternS2MobiusForConditionalGeneration",
     }
     remote_config = (
-        {"auto_map": {"AutoConfig": "configuration_interns2_mobius.InternS2MobiusConfig"}}
+        {"auto_map": {"AutoConfig": f"{Path(INTERNS2_MOBIUS_CONFIG_FILE).stem}.InternS2MobiusConfig"}}
         if family in META_MOE_FAMILIES
         else {}
     )
@@ -214,10 +221,6 @@ def hf_config(family: str) -> dict:
         "tie_word_embeddings": False,
         "dtype": "bfloat16",
     }
-
-
-# The Qwen3.5 config class a family's (remote) config class extends.
-_QWEN3_5_CONFIG_OF = {"interns2_mobius": "qwen3_5_moe"}
 
 
 def mtp_config_keys(family: str) -> tuple[str, ...]:
