@@ -89,6 +89,23 @@ def test_each_real_layout_is_found_and_a_bf16_mtp_layer_works_with_the_series(tm
     assert "draft unquantized" in verdict(found, "patched").why
 
 
+def test_a_release_without_the_family_s_mtp_drafter_is_judged_a_crash_naming_it(tmp_path):
+    """Intern-S2-Mobius keeps Qwen3.5's MTP layout, and vLLM 0.22.1 has no drafter (nor model) for it:
+    neither stock nor the series drafts there, where newer releases with the series do."""
+    layout = LAYOUTS["qwen3_5"]
+    config = {**quantized(layout, compressed_tensors("int8", ["lm_head"])), "model_type": "interns2_mobius"}
+    write_checkpoint(tmp_path, config, {"model.safetensors": layout.tensors("int8")})
+
+    found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
+
+    for flavour in ("stock", "patched"):
+        judged = verdict(found, flavour, OLDEST)
+        assert judged.kind == doctor.CRASH
+        assert judged.why == "vLLM 0.22.1 has no Intern-S2-Mobius MTP drafter (vLLM 0.32.0 has)"
+    assert found.fixes[OLDEST] == ["serve it with vLLM 0.32.0 or newer"]
+    assert verdict(found, "patched", NEWEST).kind == doctor.WORKS
+
+
 @pytest.mark.parametrize(("version", "offered"), [(OLDEST, False), (NEWEST, True)])
 def test_a_bf16_mtp_layer_is_offered_online_draft_quantization_where_the_series_has_it(
     tmp_path, version, offered

@@ -225,6 +225,8 @@ def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", error)
     if architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {diagnosis.checkpoint.architecture} is not known here")
+    if not architecture.drafter_in(version):
+        return _no_drafter(architecture, version)
     if diagnosis.tensors_missing:
         verdict = _stock_without_tensors(diagnosis, version)
         if declaration.count is None:  # the drafter's own default, not the config, made the draft
@@ -233,6 +235,13 @@ def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
             return Verdict(verdict.kind, why + verdict.why, verdict.error)
         return verdict
     return _misplaced_layers(diagnosis) or _draft_verdict(diagnosis, version, patched=False)
+
+
+def _no_drafter(architecture: facts.MtpArchitecture, version: str) -> Verdict:
+    return Verdict(
+        CRASH,
+        f"vLLM {version} has no {architecture.name} MTP drafter (vLLM {architecture.first_release} has)",
+    )
 
 
 def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
@@ -299,6 +308,8 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", refusal)
     if diagnosis.architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {checkpoint.architecture} is not known here")
+    if not diagnosis.architecture.drafter_in(version):
+        return _no_drafter(diagnosis.architecture, version)
     if diagnosis.tensors_missing:
         # The series' own start-up check, on the same survey: its words are the refusal's. The files
         # it reads are chosen by the newest series' module, whose errors are caught too.
@@ -599,6 +610,8 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
     stock, patched = diagnosis.verdicts[version]["stock"], diagnosis.verdicts[version]["patched"]
     if stock.kind == WORKS:
         return []
+    if diagnosis.architecture and not diagnosis.architecture.drafter_in(version):
+        return [f"serve it with vLLM {diagnosis.architecture.first_release} or newer"]
     declaration = diagnosis.declaration
     where = "text_config" if declaration.nested else "config.json"
     if (

@@ -72,6 +72,8 @@ class MtpArchitecture:
     name: str
     architectures: tuple[str, ...] = ()  # config.json architectures[0]
     model_types: tuple[str, ...] = ()  # or config.json model_type
+    # The first pinned release whose vLLM has this MTP drafter; None: every pinned release has it.
+    first_release: str | None = None
     # The config field that counts the MTP layers (top level, else text_config); None: fixed count.
     count_field: str | None = "num_nextn_predict_layers"
     # What vLLM's config class gives when config.json lacks the field, and which class says so;
@@ -115,6 +117,9 @@ class MtpArchitecture:
 
     def draft_name(self, version: str) -> Callable[[str, int], str] | None:
         return since(version, self.draft_names)
+
+    def drafter_in(self, version: str) -> bool:
+        return self.first_release is None or version_key(version) >= version_key(self.first_release)
 
 
 RANDOM_WEIGHTS = "starts with random draft weights"
@@ -206,6 +211,7 @@ ARCHITECTURES = (
     MtpArchitecture(
         "Intern-S2-Mobius",
         model_types=("interns2_mobius",),
+        first_release="0.32.0",
         count_field="mtp_num_hidden_layers",
         layout="mtp.",
         draft_names={"0.32.0": _checkpoint_names},
@@ -281,6 +287,7 @@ ARCHITECTURES = (
         "Ling V3",
         architectures=("BailingMoeV3ForCausalLM",),
         model_types=("bailing_hybrid",),
+        first_release="0.32.0",
         layout="model.layers.{N+i}.",
         draft_names={"0.22.1": _checkpoint_names},
         draft_experts="model.layers.{layer}.mlp.experts",
