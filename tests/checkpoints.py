@@ -1048,6 +1048,51 @@ GLM_OCR = Architecture(
 )
 
 
+
+def _hy_v4_config() -> dict:
+    """vLLM's HYV4Config fields (vllm/transformers_utils/configs/hy_v4.py). Every layer's attention is
+    dense MLA (layer_types "full_attention": no layer asks for the lightning indexer's sparse top-k, which
+    the CPU has no backend for), without iHC channels, learnable sinks, an output gate or the experts'
+    SwiGLU clamp: switches the config class offers, whose defaults are the releases'."""
+    deepseek = _deepseek_v3_config()
+    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    return {
+        **{key: deepseek[key] for key in shared},
+        **{key: deepseek[key] for key in ("num_attention_heads", "num_key_value_heads", "hidden_act")},
+        **{key: deepseek[key] for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts")},
+        **{key: deepseek[key] for key in ("max_position_embeddings", "rms_norm_eps", "rope_parameters")},
+        **MLA_SIZES.hf_config(),
+        "architectures": ["HYV4ForCausalLM"],
+        "model_type": "hy_v4",
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": True,
+        "mlp_layer_types": ["dense"] * FIRST_K_DENSE_REPLACE
+        + ["sparse"] * (NUM_HIDDEN_LAYERS - FIRST_K_DENSE_REPLACE),
+        "layer_types": ["full_attention"] * NUM_HIDDEN_LAYERS,
+        "enable_ihc": False,
+        "learnable_sink": False,
+        "gated_mla": False,
+        "swiglu_limit": 0.0,
+        "attention_bias": False,
+        "num_nextn_predict_layers": 1,
+        "pad_token_id": None,
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
+# HY V4: DeepSeek-V3's MLA and sigmoid-routed MoE (router bias beside the gate), its MTP layer under
+# model.mtp_layers.0 with final_layernorm, its logits the target's lm_head.
+HY_V4 = dataclasses.replace(
+    DEEPSEEK_V3,
+    hf_config=_hy_v4_config(),
+    mtp_prefix="model.mtp_layers.0",
+    mtp_ignore_regex="re:.*mtp_layers.*",
+    final_norm="final_layernorm",
+    head="lm_head.weight",
+    mtp_embedding=False,
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -1065,6 +1110,7 @@ ARCHITECTURES = {
         EXAONE4_5,
         MIMO_V2_OMNI,
         GLM_OCR,
+        HY_V4,
     )
 }
 
