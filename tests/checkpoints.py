@@ -1048,7 +1048,6 @@ GLM_OCR = Architecture(
 )
 
 
-
 def _hy_v4_config() -> dict:
     """vLLM's HYV4Config fields (vllm/transformers_utils/configs/hy_v4.py). Every layer's attention is
     dense MLA (layer_types "full_attention": no layer asks for the lightning indexer's sparse top-k, which

@@ -345,8 +345,8 @@ CASES = [
         {"ignore_style": "unlisted"},
     ),
     # HY V4's drafter builds its MTP layer (model.mtp_layers.0.* in the checkpoint) as model.layers.N, its
-    # decoder block with that prefix too: an `ignore` naming the checkpoint's names does not reach it, so stock
-    # builds its routed experts in the trunk's scheme, for which the CPU has no MoE kernel.
+    # decoder block with that prefix too: an `ignore` naming the checkpoint's names does not reach it, so
+    # stock builds its routed experts in the trunk's scheme, for which the CPU has no MoE kernel.
     Case("hy_v4", "int8_w8a8", "No Int8 MoE backend supports the deployment configuration"),
     Case(
         "hy_v4",
