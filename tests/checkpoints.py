@@ -258,6 +258,9 @@ class Architecture:
     # The config.json key of the sub-config holding the text model's fields and MTP layer count (a
     # multimodal config's text_config); None: the top level.
     text_config_key: str | None = None
+    # A Linear of the attention's input whose sigmoid gates its output element by element before the output
+    # projection (HY V4's gated MLA, linear_gate); None: ungated.
+    attention_output_gate: str | None = None
 
     @property
     def name(self) -> str:
@@ -293,7 +296,7 @@ class Architecture:
         else:
             projections = [] if kept_bf16 else list(_ATTENTION_PROJECTIONS)
         if not kept_bf16:
-            projections.append(self.attention_output)
+            projections += [*filter(None, [self.attention_output_gate]), self.attention_output]
         return [f"{self.layer_prefix(layer)}.{self.attention}.{name}" for name in projections]
 
     def unit_norm(self, size: int = HIDDEN_SIZE, gain: float = 1.0) -> torch.Tensor:
@@ -1048,6 +1051,53 @@ GLM_OCR = Architecture(
 )
 
 
+def _hy_v4_config() -> dict:
+    """vLLM's HYV4Config fields (vllm/transformers_utils/configs/hy_v4.py), its output-gated MLA among them.
+    Every layer's attention is dense MLA (layer_types "full_attention": no layer asks for the lightning
+    indexer's sparse top-k, which the CPU has no backend for); iHC channels, learnable sinks (applied by a
+    CUDA backend only) and the experts' SwiGLU clamp are off: switches the config class offers, on by
+    default there."""
+    deepseek = _deepseek_v3_config()
+    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    return {
+        **{key: deepseek[key] for key in shared},
+        **{key: deepseek[key] for key in ("num_attention_heads", "num_key_value_heads", "hidden_act")},
+        **{key: deepseek[key] for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts")},
+        **{key: deepseek[key] for key in ("max_position_embeddings", "rms_norm_eps", "rope_parameters")},
+        **MLA_SIZES.hf_config(),
+        "architectures": ["HYV4ForCausalLM"],
+        "model_type": "hy_v4",
+        "routed_scaling_factor": 1.0,
+        "norm_topk_prob": True,
+        "mlp_layer_types": ["dense"] * FIRST_K_DENSE_REPLACE
+        + ["sparse"] * (NUM_HIDDEN_LAYERS - FIRST_K_DENSE_REPLACE),
+        "layer_types": ["full_attention"] * NUM_HIDDEN_LAYERS,
+        "enable_ihc": False,
+        "learnable_sink": False,
+        "gated_mla": True,
+        "gating_type": "elementwise",
+        "swiglu_limit": 0.0,
+        "attention_bias": False,
+        "num_nextn_predict_layers": 1,
+        "pad_token_id": None,
+        **ENGINEERED_CONFIG_FIELDS,
+    }
+
+
+# HY V4: DeepSeek-V3's MLA and sigmoid-routed MoE (router bias beside the gate), its MTP layer under
+# model.mtp_layers.0 with final_layernorm, its logits the target's lm_head.
+HY_V4 = dataclasses.replace(
+    DEEPSEEK_V3,
+    hf_config=_hy_v4_config(),
+    mtp_prefix="model.mtp_layers.0",
+    mtp_ignore_regex="re:.*mtp_layers.*",
+    final_norm="final_layernorm",
+    head="lm_head.weight",
+    mtp_embedding=False,
+    attention_output_gate="linear_gate",
+)
+
+
 ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
@@ -1065,6 +1115,7 @@ ARCHITECTURES = {
         EXAONE4_5,
         MIMO_V2_OMNI,
         GLM_OCR,
+        HY_V4,
     )
 }
 
@@ -1312,7 +1363,9 @@ def _random_mla(architecture, prefix, randn, output_gain):
     def projection(out_features, in_features, gain=1.0):
         return randn(out_features, in_features) * gain / math.sqrt(in_features)
 
+    gate = architecture.attention_output_gate
     return {
+        **({f"{prefix}.{gate}.weight": projection(heads * sizes.v_head_dim, HIDDEN_SIZE)} if gate else {}),
         f"{prefix}.q_a_proj.weight": projection(sizes.q_lora_rank, HIDDEN_SIZE),
         f"{prefix}.q_a_layernorm.weight": architecture.unit_norm(sizes.q_lora_rank),
         f"{prefix}.q_b_proj.weight": projection(heads * sizes.qk_head_dim, sizes.q_lora_rank),
@@ -1709,6 +1762,11 @@ class EngineeredReference:
         attention = self._mla if architecture.mla else self._attention
         attention_prefix = f"{prefix}.{architecture.attention}"
         attended = attention(layer, attention_prefix, normed, positions).flatten(1)
+        if architecture.attention_output_gate:
+            attended = (
+                attended
+                * self._linear(f"{attention_prefix}.{architecture.attention_output_gate}", normed).sigmoid()
+            )
         attention_output = self._linear(f"{attention_prefix}.{architecture.attention_output}", attended)
         output_norms = architecture.sublayer_output_norms
         if output_norms:

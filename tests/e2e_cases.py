@@ -7,7 +7,7 @@ Shared by tests/test_e2e_mtp_acceptance.py and benchmarks/mtp_acceptance.py.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
@@ -33,6 +33,7 @@ ARCHITECTURES = (
     "mimo_v2",
     "glm_ocr",
     INTERNS2_MOBIUS,
+    "hy_v4",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -96,6 +97,7 @@ CANNOT_RUN = {
     INTERNS2_MOBIUS: {
         "0.22.1": "vLLM 0.22.1 has no Intern-S2-Mobius drafter (interns2_mobius.py came later)"
     },
+    "hy_v4": {"0.22.1": "vLLM 0.22.1 has no HY V4 drafter (vllm/models/hy_v4 came later)"},
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
@@ -367,6 +369,16 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # HY V4's drafter builds its MTP layer (model.mtp_layers.0.* in the checkpoint) as model.layers.N, its
+    # decoder block with that prefix too: an `ignore` naming the checkpoint's names does not reach it, so
+    # stock builds its routed experts in the trunk's scheme, for which the CPU has no MoE kernel.
+    Case("hy_v4", "int8_w8a8", "No Int8 MoE backend supports the deployment configuration"),
+    Case(
+        "hy_v4",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
@@ -420,6 +432,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("mimo_v2", "acceptance 0.0"),
     # So is GLM-OCR's (CASES): it builds the extra layer in the trunk's scheme too, uninitialised.
     *_bad_layouts("glm_ocr", "acceptance 0.0"),
+    # HY V4's stock draft builds its experts in the trunk's scheme whatever the damage (CASES).
+    *[replace(case, stock=NO_INT8_MOE) for case in _bad_layouts("hy_v4", NO_INT8_MOE)],
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

@@ -46,6 +46,7 @@ E2E_TARGETS = {
     "mimo_v2": "MiMoV2OmniForCausalLM",
     "glm_ocr": "GlmOcrForConditionalGeneration",
     "interns2_mobius": "interns2_mobius",
+    "hy_v4": "hy_v4",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -67,6 +68,7 @@ E2E_FILES = {
     "mimo_v2": "tests/test_e2e_mtp_acceptance.py",
     "glm_ocr": "tests/test_e2e_mtp_acceptance.py",
     "interns2_mobius": "tests/test_e2e_mtp_acceptance.py",
+    "hy_v4": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

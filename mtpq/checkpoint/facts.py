@@ -317,6 +317,17 @@ ARCHITECTURES = (
             ("model.", "language_model.model."),
         ),
     ),
+    # HYV4MultiTokenPredictorLayer builds MTP layer i (model.mtp_layers.{i} in the checkpoint) as
+    # `model.layers.{N+i}`, its decoder block with that prefix too (mtp.py); its eh_proj is a torch Linear.
+    MtpArchitecture(
+        "HY V4",
+        model_types=("hy_v4",),
+        first_release="0.32.0",
+        layout="model.mtp_layers.{i}.",
+        draft_names={"0.32.0": _mimo_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
 )
 
 
