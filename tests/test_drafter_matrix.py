@@ -45,6 +45,7 @@ E2E_TARGETS = {
     "exaone4_5": "exaone4_5",
     "mimo_v2": "MiMoV2OmniForCausalLM",
     "glm_ocr": "GlmOcrForConditionalGeneration",
+    "bailing_moe_v2_5": "BailingMoeV2_5ForCausalLM",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -65,6 +66,7 @@ E2E_FILES = {
     "exaone4_5": "tests/test_e2e_mtp_acceptance.py",
     "mimo_v2": "tests/test_e2e_mtp_acceptance.py",
     "glm_ocr": "tests/test_e2e_mtp_acceptance.py",
+    "bailing_moe_v2_5": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {
