@@ -91,8 +91,8 @@ CANNOT_RUN = {
     # bad layouts).
     "pangu_ultra_moe": MLA_CANNOT_RUN,
     "bailing_moe_v2_5": {
-        "0.22.1": "vLLM 0.22.1 has no Ling 2.5 drafter (BailingMoeV25MTPModel, bailing_moe_mtp.py came later; "
-        "it has the target, bailing_moe_linear.py)"
+        "0.22.1": "vLLM 0.22.1 has no Ling 2.5 drafter (BailingMoeV25MTPModel, bailing_moe_mtp.py came "
+        "later; it has the target, bailing_moe_linear.py)"
     },
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
