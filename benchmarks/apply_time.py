@@ -16,8 +16,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq.apply.download import cache_root, fetch  # noqa: E402
-from mtpq.apply.pin import load_pins  # noqa: E402
+from mtpq.core.download import cache_root, fetch  # noqa: E402
+from mtpq.core.pin import load_pins  # noqa: E402
 
 
 def timed_apply(version: str, env: dict[str, str]) -> float:

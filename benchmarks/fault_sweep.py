@@ -25,9 +25,9 @@ sys.path.insert(0, str(ROOT / "tests"))
 
 import faults  # noqa: E402
 
-from mtpq.apply import gittree  # noqa: E402
-from mtpq.apply.pin import load_pins, newest_pin  # noqa: E402
-from mtpq.apply.series import load_series  # noqa: E402
+from mtpq.core import gittree  # noqa: E402
+from mtpq.core.pin import load_pins, newest_pin  # noqa: E402
+from mtpq.core.series import load_series  # noqa: E402
 
 
 def sweep_mode(name: str, pin, series, work: Path, delays: list[str]) -> list[str]:

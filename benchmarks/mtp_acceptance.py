@@ -41,7 +41,7 @@ from header_checkpoints import DSV3_LAYERS, write_deepseek_v3_shaped  # noqa: E4
 from probing import run_probe  # noqa: E402
 from run import ensure_unpatched_vllm, targets  # noqa: E402
 
-from mtpq.apply.installed import find_installation, installed_version  # noqa: E402
+from mtpq.core.installed import find_installation, installed_version  # noqa: E402
 
 
 def probe(variant: str, batch: dict) -> dict[str, dict]:

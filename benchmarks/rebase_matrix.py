@@ -15,10 +15,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq.apply import gittree, matrix  # noqa: E402
-from mtpq.apply.download import DownloadError  # noqa: E402
-from mtpq.apply.pin import PIN_FILE, Artifact, PinError, load_pins  # noqa: E402
-from mtpq.apply.series import SeriesError, load_series  # noqa: E402
+from mtpq.apply import matrix  # noqa: E402
+from mtpq.core import gittree  # noqa: E402
+from mtpq.core.errors import MtpqError  # noqa: E402
+from mtpq.core.pin import PIN_FILE, Artifact, load_pins  # noqa: E402
+from mtpq.core.series import load_series  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -40,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
         pins = load_pins()
         served = matrix.series_served(pins)
         if args.series and args.series not in served:
-            raise matrix.MatrixError(
+            raise matrix.RebaseMatrixError(
                 f"{PIN_FILE.name} names no series {args.series}; it names {', '.join(served)}"
             )
         listing = matrix.published_sdists(pins)
@@ -69,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
             columns = {version: tree(version, listing.sdists[version]) for version in releases}
             result = matrix.series_matrix(series, columns, made_on)
             print(matrix.format_matrix(result), end="\n\n", flush=True)
-    except (matrix.MatrixError, DownloadError, PinError, SeriesError, gittree.TreeError) as error:
+    except MtpqError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print(matrix.LEGEND)

@@ -3,6 +3,6 @@ no torch, no vLLM; `upstream prove` runs the tests in an interpreter that has th
 
 import sys
 
-from mtpq.command import main
+from mtpq.mtpq_command import main
 
 sys.exit(main(prog="python -m mtpq"))

@@ -27,9 +27,9 @@ ROOT = Path(__file__).resolve().parent.parent
 TESTS = ROOT / "tests"
 sys.path.insert(0, str(ROOT))
 
-from mtpq.apply import gittree, installed  # noqa: E402
-from mtpq.apply.pin import load_pins, version_key  # noqa: E402
-from mtpq.apply.series import load_series  # noqa: E402
+from mtpq.core import gittree, installed  # noqa: E402
+from mtpq.core.pin import load_pins, version_key  # noqa: E402
+from mtpq.core.series import load_series  # noqa: E402
 
 sys.path.insert(0, str(TESTS))
 from probing import ProbeError, run_probe  # noqa: E402

@@ -25,9 +25,9 @@ KILLER = ROOT / "tests" / "kill_at_step.py"
 APPLY = ROOT / "apply.py"
 sys.path.insert(0, str(ROOT))
 
-from mtpq.apply.download import fetch  # noqa: E402
-from mtpq.apply.installed import STATE_DIR_NAME  # noqa: E402
-from mtpq.apply.series import load_series  # noqa: E402
+from mtpq.core.download import fetch  # noqa: E402
+from mtpq.core.installed import STATE_DIR_NAME  # noqa: E402
+from mtpq.core.series import load_series  # noqa: E402
 
 
 def git(tree: Path, *args: str) -> str:

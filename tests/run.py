@@ -32,8 +32,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from mtpq.apply.download import cache_root, fetch, pip_environment  # noqa: E402
-from mtpq.apply.pin import Pin, load_pins  # noqa: E402
+from mtpq.core.download import cache_root, fetch, pip_environment  # noqa: E402
+from mtpq.core.pin import Pin, load_pins  # noqa: E402
 
 ENGINES = ROOT / "tests" / "engines"
 READY = ".mtpq-ready"

@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, git
 
-from mtpq.apply.pin import load_pins, newest_pin
-from mtpq.apply.series import load_series
+from mtpq.core.pin import load_pins, newest_pin
+from mtpq.core.series import load_series
 
 
 def statuses(stdout: str) -> dict[str, str]:

@@ -30,7 +30,6 @@ from header_checkpoints import (
     write_safetensors,
 )
 
-from mtpq.apply.pin import load_pins, newest_pin
 from mtpq.checkpoint import doctor, reader
 from mtpq.checkpoint.reader import CheckpointError
 from mtpq.checkpoint.survey import (
@@ -42,6 +41,7 @@ from mtpq.checkpoint.survey import (
     series_survey,
     survey_patch,
 )
+from mtpq.core.pin import load_pins, newest_pin
 
 OLDEST, NEWEST = "0.22.1", "0.33.0"
 

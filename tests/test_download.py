@@ -11,8 +11,8 @@ import sys
 import pytest
 from conftest import ROOT
 
-from mtpq.apply.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
-from mtpq.apply.pin import Artifact, load_pins
+from mtpq.core.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
+from mtpq.core.pin import Artifact, load_pins
 
 GOOD = b"the pinned artifact\n"
 

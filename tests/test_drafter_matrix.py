@@ -19,9 +19,9 @@ import pytest
 from conftest import ROOT, target_version
 from e2e_cases import ARCHITECTURES, CANNOT_RUN, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
-from mtpq.apply import gittree
-from mtpq.apply.pin import load_pins
 from mtpq.checkpoint import survey
+from mtpq.core import gittree
+from mtpq.core.pin import load_pins
 from mtpq.upstream import drafters
 
 SECTION = "drafter_matrix"
@@ -382,7 +382,7 @@ def test_a_registry_drafter_the_matrix_does_not_cover_fails(tmp_path):
     def read(path: str) -> str | None:
         return gained if path == drafters.REGISTRY else tree(path)
 
-    with pytest.raises(drafters.MatrixError, match="does not cover: FakeNextMTPModel"):
+    with pytest.raises(drafters.DrafterMatrixError, match="does not cover: FakeNextMTPModel"):
         drafters.matrix_rows(TARGET, drafters.read_drafters(read), drafters.load_record())
 
 
@@ -395,7 +395,7 @@ def test_readme_support_table_is_the_generated_one():
 
 
 def test_matrix_command_prints_the_tables(capsys):
-    from mtpq.command import main
+    from mtpq.mtpq_command import main
 
     assert main(["matrix"]) == 0
     assert capsys.readouterr().out == drafters.render_matrix(load_pins(), drafters.load_record())

@@ -34,7 +34,7 @@ from run import READY
 from test_doctor import export_without_mtp, quantized
 from test_graft import bf16_release, export, tensor_bytes
 
-from mtpq.apply.download import cache_root, pip_environment
+from mtpq.core.download import cache_root, pip_environment
 
 pytest.importorskip("huggingface_hub")  # the test bed has it; `pip install 'mtpq[hub]'` elsewhere
 

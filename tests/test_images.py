@@ -47,11 +47,11 @@ from pathlib import Path
 
 import pytest
 
-from mtpq.apply import installed
-from mtpq.apply.download import cache_root, fetch
-from mtpq.apply.installed import MISSING
-from mtpq.apply.pin import load_pins
-from mtpq.apply.status import ALREADY_APPLIED, CONFLICT
+from mtpq.core import installed
+from mtpq.core.download import cache_root, fetch
+from mtpq.core.installed import MISSING
+from mtpq.core.pin import load_pins
+from mtpq.core.status import ALREADY_APPLIED, CONFLICT
 
 pytestmark = pytest.mark.images
 

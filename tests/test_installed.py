@@ -7,8 +7,8 @@ import shutil
 import pytest
 from faults import Environment, fingerprint
 
-from mtpq.apply import installed
-from mtpq.apply.installed import STATE_DIR_NAME
+from mtpq.core import installed
+from mtpq.core.installed import STATE_DIR_NAME
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mtpq.apply.pin import PIN_FILE, PinError, load_pins, newest_pin, pin_for
+from mtpq.core.pin import PIN_FILE, PinError, load_pins, newest_pin, pin_for
 
 SHA = "0" * 64
 GOOD_SECTION = f"[9.9.9]\nseries = v9.9.9\ncommit = gabc\nsdist_sha256 = {SHA}\n"

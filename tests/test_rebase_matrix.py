@@ -14,11 +14,12 @@ from pathlib import Path
 import pytest
 from conftest import ROOT, git
 
-from mtpq.apply import gittree, matrix
-from mtpq.apply.download import DownloadError
-from mtpq.apply.gittree import MTPQ_IDENT
-from mtpq.apply.pin import Artifact, Pin, load_pins
-from mtpq.apply.series import load_series
+from mtpq.apply import matrix
+from mtpq.core import gittree
+from mtpq.core.download import DownloadError
+from mtpq.core.gittree import MTPQ_IDENT
+from mtpq.core.pin import Artifact, Pin, load_pins
+from mtpq.core.series import load_series
 
 IDENTITY = {**os.environ, **MTPQ_IDENT}
 DEP3 = "Origin: vendor\nForwarded: no\nBug: none\nApplied-Upstream: no\nLast-Update: 2026-01-01\n"
@@ -202,7 +203,7 @@ def test_releases_are_chosen_oldest_first_from_the_series_oldest_pin_by_default(
 
 def test_an_unknown_release_is_a_clear_error():
     with pytest.raises(
-        matrix.MatrixError, match=r"vLLM 0.99.0 has no sdist on .* \(the newest there is 0.10.0\)"
+        matrix.RebaseMatrixError, match=r"vLLM 0.99.0 has no sdist on .* \(the newest there is 0.10.0\)"
     ):
         matrix.choose_releases("0.9.0..0.99.0", ["0.9.0", "0.10.0"], oldest="0.9.0")
 

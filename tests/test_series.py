@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from mtpq.apply.series import DEP3_FIELDS, SeriesError, load_series
+from mtpq.core.series import DEP3_FIELDS, SeriesError, load_series
 
 
 def test_every_patch_file_is_listed_once_and_parses(release_series):

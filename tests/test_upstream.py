@@ -13,8 +13,8 @@ import pytest
 from checkpoints import run_mtpq
 from series_edits import add_new_file
 
-from mtpq.apply.pin import load_pins, newest_pin
-from mtpq.apply.series import SeriesError, load_series
+from mtpq.core.pin import load_pins, newest_pin
+from mtpq.core.series import SeriesError, load_series
 from mtpq.upstream import lint, native_tests, pull_requests
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from series_edits import change_file
 
-from mtpq.apply.series import load_series
+from mtpq.core.series import load_series
 from mtpq.upstream import vllm_suite
 
 

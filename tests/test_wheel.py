@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mtpq.apply.download import fetch
 from mtpq.apply.wheel import patched_files
+from mtpq.core.download import fetch
 
 ARCH = "x86_64"
 

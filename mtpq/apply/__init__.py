@@ -1,2 +1,2 @@
-"""Applying the series to vLLM (apply.py, standard library and git only): the series and its pinned
-releases, on a vLLM git tree, on an installed vLLM, as a patched wheel, and the rebase matrix."""
+"""apply.py (standard library and git only): its command line (apply_command), the series as a patched
+wheel (wheel) and the rebase matrix (matrix); applying to a tree or an installation is mtpq.core's."""

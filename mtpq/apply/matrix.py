@@ -15,11 +15,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.apply import gittree, status
-from mtpq.apply.download import DownloadError, cache_root, index_url, published_artifacts
-from mtpq.apply.pin import PIN_FILE, Artifact, Pin, release_tag, version_key
-from mtpq.apply.series import Series
-from mtpq.apply.status import PatchResult
+from mtpq.core import gittree, status
+from mtpq.core.download import DownloadError, cache_root, index_url, published_artifacts
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import PIN_FILE, Artifact, Pin, release_tag, version_key
+from mtpq.core.series import Series
+from mtpq.core.status import PatchResult
 
 PROJECT = "vllm"
 _FINAL_SDIST = re.compile(r"vllm-(\d+\.\d+\.\d+)\.tar\.gz")  # no pre-, post- or dev releases
@@ -30,7 +31,7 @@ already upstream    the release carries it already
 conflict (N hunks)  N of its hunks do not apply: it is skipped, and later patches are tried without it"""
 
 
-class MatrixError(ValueError):
+class RebaseMatrixError(MtpqError, ValueError):
     """A release or series the matrix cannot be made for."""
 
 
@@ -87,7 +88,7 @@ def choose_releases(spec: str | None, published: Sequence[str], oldest: str) -> 
 
     def known(version: str) -> str:
         if version not in published:
-            raise MatrixError(
+            raise RebaseMatrixError(
                 f"vLLM {version} has no sdist on {index_url()}/{PROJECT}/ "
                 f"(the newest there is {published[-1]})"
             )
@@ -103,7 +104,7 @@ def choose_releases(spec: str | None, published: Sequence[str], oldest: str) -> 
         high = version_key(known(last)) if last else version_key(published[-1])
         chosen |= {version for version in published if low <= version_key(version) <= high}
     if not chosen:
-        raise MatrixError(f"--releases {spec} names no release")
+        raise RebaseMatrixError(f"--releases {spec} names no release")
     return sorted(chosen, key=version_key)
 
 

@@ -20,10 +20,11 @@ import zlib
 from pathlib import Path
 from typing import BinaryIO
 
-from mtpq.apply import crashsafe, gittree, installed, status
-from mtpq.apply.download import fetch
-from mtpq.apply.pin import Pin
-from mtpq.apply.series import Series
+from mtpq.core import crashsafe, gittree, installed, status
+from mtpq.core.download import fetch
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Pin
+from mtpq.core.series import Series
 
 _LOCAL_HEADER = struct.Struct("<4s2B4HL2L2H")
 _CENTRAL_HEADER = struct.Struct("<4s4B4HL2L5H2L")
@@ -32,7 +33,7 @@ _UTF8_NAME = 0x800
 _ZIP32_LIMIT = 0xFFFFFFFF
 
 
-class WheelError(RuntimeError):
+class WheelError(MtpqError, RuntimeError):
     pass
 
 

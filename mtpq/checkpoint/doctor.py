@@ -12,7 +12,6 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from mtpq.apply.pin import load_pins
 from mtpq.checkpoint import facts, matching
 from mtpq.checkpoint.reader import (
     Checkpoint,
@@ -22,6 +21,7 @@ from mtpq.checkpoint.reader import (
     text_config_of,
 )
 from mtpq.checkpoint.survey import load_survey, series_survey
+from mtpq.core.pin import load_pins
 
 WORKS = "works"
 OFF = "MTP silently off"

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from mtpq.apply.pin import version_key
+from mtpq.core.pin import version_key
 
 
 def since(version: str, table: dict[str, object]) -> object:

@@ -22,6 +22,7 @@ from pathlib import Path
 from mtpq.checkpoint.doctor import WORKS, diagnose, stock_ignore_entries
 from mtpq.checkpoint.reader import CONFIG_FILE, Checkpoint, CheckpointError, LocalFiles, read_checkpoint
 from mtpq.checkpoint.survey import load_survey
+from mtpq.core.errors import MtpqError
 
 MTP_FILE = "model_mtp.safetensors"
 # The model facts a grafted MTP layer must share with the quantized checkpoint.
@@ -32,7 +33,7 @@ EXIT_STOCK_UNSERVED = 1  # written, but --stock-vllm's release cannot serve its 
 _ITEM_BYTES = {"F64": 8, "I64": 8, "U64": 8, "F32": 4, "I32": 4, "U32": 4, "BF16": 2, "F16": 2, "I16": 2}
 
 
-class GraftError(ValueError):
+class GraftError(MtpqError, ValueError):
     pass
 
 

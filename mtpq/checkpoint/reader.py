@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpq.checkpoint.survey import load_survey
+from mtpq.core.errors import MtpqError
 
 CONFIG_FILE = "config.json"
 # The longest safetensors header read, as vLLM (series patch 0000) and the safetensors library allow.
@@ -31,7 +32,7 @@ SAFETENSORS_DTYPES = frozenset(
 UTF8_BOM = b"\xef\xbb\xbf"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(MtpqError, ValueError):
     """Not a checkpoint directory, or a config / index / header that cannot be read."""
 
 

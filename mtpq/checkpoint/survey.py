@@ -27,9 +27,10 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from mtpq.apply.pin import newest_pin
-from mtpq.apply.series import SeriesError, load_series
 from mtpq.checkpoint import matching
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import newest_pin
+from mtpq.core.series import SeriesError, load_series
 
 SURVEY_PATH = "vllm/transformers_utils/mtp_checkpoint.py"
 MODULE_NAME = "mtpq._vllm_mtp_checkpoint"
@@ -48,7 +49,7 @@ _SERVED = {
 _NO_NEWLINE = "\\ No newline at end of file"
 
 
-class SurveyLoadError(ValueError):
+class SurveyLoadError(MtpqError, ValueError):
     """The patch holding the survey is missing or damaged."""
 
 

@@ -24,9 +24,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.apply import gittree
-from mtpq.apply.pin import version_key
-from mtpq.apply.series import load_series
+from mtpq.core import gittree
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import version_key
+from mtpq.core.series import load_series
 
 REGISTRY = "vllm/model_executor/models/registry.py"
 SPECULATIVE_CONFIG = "vllm/config/speculative.py"
@@ -51,7 +52,7 @@ _OTHER_PLATFORMS = frozenset({"amd", "xpu", "cpu", "rocm", "tpu"})
 Reader = Callable[[str], str | None]
 
 
-class DrafterSourceError(ValueError):
+class DrafterSourceError(MtpqError, ValueError):
     """The tree does not have what the reader expects (names the file and what is missing)."""
 
 
@@ -76,7 +77,7 @@ def directory_reader(root: Path) -> Reader:
 
 
 def revision_reader(repo, revision: str) -> Reader:
-    """Files of a git revision of a pinned tree (mtpq.apply.gittree.Repo)."""
+    """Files of a git revision of a pinned tree (mtpq.core.gittree.Repo)."""
 
     def read(path: str) -> str | None:
         data = repo.blob(revision, path)
@@ -358,7 +359,7 @@ _QUANT_SOURCE_WORDS = {
 }
 
 
-class MatrixError(ValueError):
+class DrafterMatrixError(MtpqError, ValueError):
     """A release's registry lists a drafter its record does not cover, or the record is unreadable."""
 
 
@@ -463,7 +464,7 @@ def load_record(path: Path = RECORD) -> dict[str, dict[str, dict[str, str]]]:
     try:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
-        raise MatrixError(f"{path}: cannot read the drafter matrix record: {error}") from error
+        raise DrafterMatrixError(f"{path}: cannot read the drafter matrix record: {error}") from error
 
 
 @dataclass(frozen=True)
@@ -493,7 +494,7 @@ def matrix_rows(release: str, drafters: list[Drafter], record: dict) -> list[Row
     if own is not None:
         missing = [drafter.key for drafter in drafters if drafter.key not in own]
         if missing:
-            raise MatrixError(
+            raise DrafterMatrixError(
                 f"vLLM {release}'s registry lists MTP drafter(s) the matrix does not cover: "
                 f"{', '.join(missing)} (record: {RECORD.name}; run the drafter_matrix probe for them)"
             )
@@ -597,7 +598,9 @@ def release_drafters(pin, with_series: bool = True) -> list[Drafter]:
     results, commit = gittree.series_commit(repo, load_series(pin.series_dir), pin.tag)
     if not all(result.ok for result in results):
         failed = ", ".join(f"{result.name} ({result.status})" for result in results if not result.ok)
-        raise MatrixError(f"series {pin.series_dir.name} does not apply to vLLM {pin.version}: {failed}")
+        raise DrafterMatrixError(
+            f"series {pin.series_dir.name} does not apply to vLLM {pin.version}: {failed}"
+        )
     return read_drafters(revision_reader(repo, commit))
 
 

@@ -17,16 +17,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.apply import gittree
-from mtpq.apply.download import cache_root, pip_environment, scratch_dir
-from mtpq.apply.pin import Pin
-from mtpq.apply.series import Series
+from mtpq.core import gittree
+from mtpq.core.download import cache_root, pip_environment, scratch_dir
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Pin
+from mtpq.core.series import Series
 
 LOCK = Path(__file__).resolve().parent / "upstream-lint.lock"
 _READY = ".mtpq-ready"
 
 
-class LintError(ValueError):
+class LintError(MtpqError, ValueError):
     """The linters cannot run: upstream pins no such tool, or the series does not apply."""
 
 

@@ -24,10 +24,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from mtpq.apply import crashsafe, gittree, installed
-from mtpq.apply.download import cache_root, scratch_dir
-from mtpq.apply.pin import Pin
-from mtpq.apply.series import Patch, Series
+from mtpq.core import crashsafe, gittree, installed
+from mtpq.core.download import cache_root, scratch_dir
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Pin
+from mtpq.core.series import Patch, Series
 from mtpq.upstream.pull_requests import test_files
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
@@ -36,7 +37,7 @@ _PLUGIN_DIR = Path(__file__).resolve().parent / "native_plugin"
 _READY = ".mtpq-ready"
 
 
-class ProofError(RuntimeError):
+class ProofError(MtpqError, RuntimeError):
     """The tests could not be run as the proof needs (no report, another vLLM imported)."""
 
 

@@ -14,8 +14,9 @@ import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.apply import crashsafe
-from mtpq.apply.series import DEP3_FIELDS, Patch, Series
+from mtpq.core import crashsafe
+from mtpq.core.errors import MtpqError
+from mtpq.core.series import DEP3_FIELDS, Patch, Series
 
 SECTIONS = ("Purpose", "Test Plan", "Test Result")
 NOT_FOR_UPSTREAM = "not-needed"
@@ -27,7 +28,7 @@ _LOCAL_REFERENCE = re.compile(r"\bseeds/|\bnotes/|\bmtpq (issue|task)\b", re.IGN
 _SECTION_LINE = re.compile(rf"^({'|'.join(SECTIONS)}):\s*$", re.MULTILINE)
 
 
-class NotReadyError(ValueError):
+class NotReadyError(MtpqError, ValueError):
     """The series fails the readiness check; the message lists every finding."""
 
 

@@ -24,10 +24,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
-from mtpq.apply import installed
-from mtpq.apply.download import scratch_dir, sha256_of
-from mtpq.apply.pin import Pin
-from mtpq.apply.series import Series
+from mtpq.core import installed
+from mtpq.core.download import scratch_dir, sha256_of
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Pin
+from mtpq.core.series import Series
 from mtpq.upstream.native_tests import PASSED, Run, overlays, run_pytest, tests_tree
 from mtpq.upstream.pull_requests import test_files
 
@@ -46,7 +47,7 @@ RECORDS = Path(__file__).resolve().parent / "vllm_suite_stock"
 _MODEL_DIRS = (("vllm", "model_executor", "models"), ("vllm", "models"))
 
 
-class SuiteError(RuntimeError):
+class SuiteError(MtpqError, RuntimeError):
     """The check cannot be run as asked (no record for this release or engine, or a stale one)."""
 
 

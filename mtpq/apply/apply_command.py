@@ -8,11 +8,12 @@ import time
 from pathlib import Path
 
 from mtpq import __version__, output
-from mtpq.apply import gittree, installed, status
-from mtpq.apply.download import DownloadError, sweep_scratch
-from mtpq.apply.pin import Pin, PinError, image_releases, load_pins, newest_pin, pin_for
-from mtpq.apply.series import Series, SeriesError, load_series
-from mtpq.apply.wheel import WheelError, build_wheel
+from mtpq.apply.wheel import build_wheel
+from mtpq.core import gittree, installed, status
+from mtpq.core.download import sweep_scratch
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Pin, image_releases, load_pins, newest_pin, pin_for
+from mtpq.core.series import Series, load_series
 
 EXIT_CONFLICT = 1
 EXIT_BAD_INPUT = 2
@@ -108,7 +109,8 @@ def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
     try:
         sweep_scratch()
         return _run(args)
-    except (gittree.TreeError, SeriesError, PinError, DownloadError, WheelError, ValueError) as error:
+    # ValueError besides: what the standard library raises on malformed input (bad JSON, undecodable text).
+    except (MtpqError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from email.parser import HeaderParser
 from pathlib import Path
 
-from mtpq.apply import crashsafe
+from mtpq.core import crashsafe
+from mtpq.core.errors import MtpqError
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
@@ -18,7 +19,7 @@ _SIBLING_ENTRY = re.compile(r"\.\./[A-Za-z0-9._-]+/[A-Za-z0-9._-]+\.patch")
 _HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
 
 
-class SeriesError(ValueError):
+class SeriesError(MtpqError, ValueError):
     pass
 
 

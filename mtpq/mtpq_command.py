@@ -12,17 +12,14 @@ import sys
 from pathlib import Path
 
 from mtpq import __version__, output
-from mtpq.apply import installed
-from mtpq.apply.download import DownloadError
-from mtpq.apply.gittree import TreeError
-from mtpq.apply.pin import PinError, load_pins, newest_pin, pin_for
-from mtpq.apply.series import SeriesError, load_series
 from mtpq.checkpoint import facts, report
 from mtpq.checkpoint.doctor import diagnose
-from mtpq.checkpoint.graft import GraftError, graft
+from mtpq.checkpoint.graft import graft
 from mtpq.checkpoint.hub import INSTALL_HINT
-from mtpq.checkpoint.reader import CheckpointError
-from mtpq.checkpoint.survey import SurveyLoadError
+from mtpq.core import installed
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import load_pins, newest_pin, pin_for
+from mtpq.core.series import load_series
 from mtpq.upstream import drafters, lint, native_tests, pull_requests, vllm_suite
 
 EXIT_BAD_INPUT = 2
@@ -137,21 +134,7 @@ def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
             print(drafters.render_matrix(load_pins(), drafters.load_record()), end="")
             return 0
         return _graft(args)
-    except (
-        CheckpointError,
-        DownloadError,
-        GraftError,
-        SurveyLoadError,
-        PinError,
-        SeriesError,
-        TreeError,
-        pull_requests.NotReadyError,
-        lint.LintError,
-        native_tests.ProofError,
-        vllm_suite.SuiteError,
-        drafters.MatrixError,
-        drafters.DrafterSourceError,
-    ) as error:
+    except MtpqError as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_BAD_INPUT
 

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mtpq import output
-from mtpq.apply import crashsafe, status
-from mtpq.apply.download import cache_root, fetch, scratch_dir
-from mtpq.apply.pin import Artifact, Pin, release_in, release_tag
-from mtpq.apply.series import Patch, Series, load_series, parse_patch, write_series
-from mtpq.apply.status import PatchResult
+from mtpq.core import crashsafe, status
+from mtpq.core.download import cache_root, fetch, scratch_dir
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Artifact, Pin, release_in, release_tag
+from mtpq.core.series import Patch, Series, load_series, parse_patch, write_series
+from mtpq.core.status import PatchResult
 
 # Fixed identity and date for commits mtpq makes itself, so the same inputs give the same ids.
 MTPQ_IDENT = {
@@ -49,7 +50,7 @@ _UNPACKING = ".mtpq-unpack-"  # a release's tree being built
 _IN_PROGRESS = ("rebase-apply", "rebase-merge", "MERGE_HEAD", "CHERRY_PICK_HEAD", "REVERT_HEAD")
 
 
-class TreeError(RuntimeError):
+class TreeError(MtpqError, RuntimeError):
     """A tree mtpq refuses to work on; nothing was changed."""
 
 

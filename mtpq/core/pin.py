@@ -7,6 +7,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpq.core.errors import MtpqError
+
 _CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
 # Installed with pip, the wheel carries VLLM_VERSIONS and patches/ in mtpq/project_files/ (pyproject.toml).
 PROJECT_ROOT = (
@@ -34,7 +36,7 @@ _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
 
 
-class PinError(ValueError):
+class PinError(MtpqError, ValueError):
     """VLLM_VERSIONS is malformed, or names no such release or artifact."""
 
 

@@ -16,15 +16,16 @@ from html.parser import HTMLParser
 from pathlib import Path
 
 from mtpq import output
-from mtpq.apply import crashsafe
-from mtpq.apply.pin import Artifact
+from mtpq.core import crashsafe
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import Artifact
 
 DEFAULT_INDEX_URL = "https://pypi.org/simple"
 CHUNK = 1 << 20
 _PART = ".mtpq-part-"  # a download in progress
 
 
-class DownloadError(RuntimeError):
+class DownloadError(MtpqError, RuntimeError):
     pass
 
 

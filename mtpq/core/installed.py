@@ -24,12 +24,12 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.apply import crashsafe, status
-from mtpq.apply.download import scratch_dir, sha256_of
-from mtpq.apply.gittree import TreeError
-from mtpq.apply.pin import release_in
-from mtpq.apply.series import Patch, Series
-from mtpq.apply.status import PatchResult
+from mtpq.core import crashsafe, status
+from mtpq.core.download import scratch_dir, sha256_of
+from mtpq.core.gittree import TreeError
+from mtpq.core.pin import release_in
+from mtpq.core.series import Patch, Series
+from mtpq.core.status import PatchResult
 
 STATE_DIR_NAME = ".mtpq-vllm-state"
 MISSING = "missing"
