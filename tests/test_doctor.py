@@ -30,8 +30,8 @@ from header_checkpoints import (
     write_safetensors,
 )
 
-from mtpq.checkpoint import doctor, reader
-from mtpq.checkpoint.reader import CheckpointError
+from mtpq.checkpoint import doctor
+from mtpq.checkpoint.files import MAX_HEADER_BYTES, CheckpointError
 from mtpq.checkpoint.survey import (
     SURVEY_PATH,
     SurveyLoadError,
@@ -742,7 +742,7 @@ def test_the_doctor_bounds_headers_as_patched_vllm_does():
 
     if not hasattr(vllm_utils, "MAX_SAFETENSORS_HEADER_BYTES"):
         pytest.skip("this test bed's series reads headers with its own parser, not vLLM's bounded one")
-    assert reader.MAX_HEADER_BYTES == vllm_utils.MAX_SAFETENSORS_HEADER_BYTES
+    assert MAX_HEADER_BYTES == vllm_utils.MAX_SAFETENSORS_HEADER_BYTES
 
 
 def test_the_survey_runs_without_the_regex_package_and_vllm():

@@ -2,7 +2,7 @@
 standard library alone, checked against the original on the test bed: each copy fails here the day
 it drifts.
 
-- its safetensors header checks (mtpq/checkpoint/reader.py) against patched vLLM's
+- its safetensors header checks (mtpq/checkpoint/files.py) against patched vLLM's
   parse_safetensors_file_metadata (series patch 0000), and its dtypes against the safetensors library;
 - its compressed-tensors ignore / target matching (mtpq/checkpoint/doctor.py) against vLLM's matcher;
 - its words for vLLM's errors (mtpq/checkpoint/facts.py) against the messages in the patches.
@@ -22,7 +22,7 @@ from conftest import ROOT, target_version
 from header_checkpoints import QUARK_FP8, QUARK_FP8_WEIGHT, QUARK_INT8, QUARK_INT8_WEIGHT, quark_entry
 from survey_cases import mutate, random_header
 
-from mtpq.checkpoint import doctor, facts, matching, reader
+from mtpq.checkpoint import doctor, facts, files, matching
 
 vllm_utils = pytest.importorskip("vllm.transformers_utils.utils")
 with_patch_0000 = pytest.mark.skipif(
@@ -42,7 +42,7 @@ def both_readers(path):
     """(doctor's outcome, vLLM's outcome): the tensors' dtypes read, or the error's words."""
     outcomes = []
     for read, error_type in (
-        (lambda: reader.LocalFiles(path.parent).read_header(path.name).tensors, reader.CheckpointError),
+        (lambda: files.LocalFiles(path.parent).read_header(path.name).tensors, files.CheckpointError),
         (lambda: vllm_utils.parse_safetensors_file_metadata(path), vllm_utils.SafetensorsHeaderError),
     ):
         try:
@@ -88,9 +88,9 @@ def test_the_doctor_reads_and_refuses_headers_as_patched_vllm_does(tmp_path):
 @with_patch_0000
 def test_the_doctor_and_vllm_know_the_dtypes_the_safetensors_library_reads(tmp_path):
     safetensors = pytest.importorskip("safetensors")
-    assert reader.SAFETENSORS_DTYPES == vllm_utils.SAFETENSORS_DTYPES
+    assert files.SAFETENSORS_DTYPES == vllm_utils.SAFETENSORS_DTYPES
     path = tmp_path / "model.safetensors"
-    for dtype in sorted(reader.SAFETENSORS_DTYPES) + ["Q9", "bf16", "I4", "F8"]:
+    for dtype in sorted(files.SAFETENSORS_DTYPES) + ["Q9", "bf16", "I4", "F8"]:
         header = json.dumps({"w": {"dtype": dtype, "shape": [0], "data_offsets": [0, 0]}}).encode()
         path.write_bytes(len(header).to_bytes(8, "little") + header)
         try:
@@ -98,7 +98,7 @@ def test_the_doctor_and_vllm_know_the_dtypes_the_safetensors_library_reads(tmp_p
                 read = True
         except Exception:  # the library's SafetensorError (its type differs between versions)
             read = False
-        assert read == (dtype in reader.SAFETENSORS_DTYPES), dtype
+        assert read == (dtype in files.SAFETENSORS_DTYPES), dtype
 
 
 # --- compressed-tensors matching ---------------------------------------------------------------------

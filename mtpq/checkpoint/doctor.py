@@ -13,13 +13,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from mtpq.checkpoint import facts, matching
-from mtpq.checkpoint.reader import (
-    Checkpoint,
-    CheckpointError,
-    CheckpointFiles,
-    read_checkpoint,
-    text_config_of,
-)
+from mtpq.checkpoint.files import CheckpointError, CheckpointFiles
+from mtpq.checkpoint.reader import Checkpoint, read_checkpoint, text_config_of
 from mtpq.checkpoint.survey import load_survey, series_survey
 from mtpq.core.pin import load_pins
 

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpq.checkpoint.doctor import WORKS, diagnose, stock_ignore_entries
-from mtpq.checkpoint.reader import CONFIG_FILE, Checkpoint, CheckpointError, LocalFiles, read_checkpoint
+from mtpq.checkpoint.files import CheckpointError, LocalFiles
+from mtpq.checkpoint.reader import CONFIG_FILE, Checkpoint, read_checkpoint
 from mtpq.checkpoint.survey import load_survey
 from mtpq.core.errors import MtpqError
 

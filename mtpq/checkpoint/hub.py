@@ -17,7 +17,7 @@ import types
 import urllib.parse
 from pathlib import Path
 
-from mtpq.checkpoint.reader import (
+from mtpq.checkpoint.files import (
     MAX_INDEX_BYTES,
     CheckpointError,
     CheckpointFiles,

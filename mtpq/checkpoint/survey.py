@@ -5,7 +5,7 @@ the files to read, the draft's quantization decision, the start-up check of the 
 build the MTP modules). The doctor and graft run that very file: its source is the `+` lines of the
 new-file patch with the hunks of the series' later patches to it applied, executed as a module, so
 there is one copy of the classification and the doctor judges a checkpoint exactly as patched vLLM
-does, from the headers it reads itself (mtpq.checkpoint.reader). Finding MTP tensors is the newest
+does, from the headers it reads itself (mtpq.checkpoint.files). Finding MTP tensors is the newest
 series' module; the draft's quantization decision, which the series differ on, is taken from the
 module of the series serving the release judged (`series_survey`).
 
