@@ -388,6 +388,11 @@ def installed_venv(tmp_path: Path) -> Path:
     return venv
 
 
+def series_files(root: Path) -> dict[str, bytes]:
+    files = (path for path in (root / "patches").rglob("*") if path.is_file())
+    return {str(path.relative_to(root)): path.read_bytes() for path in files}
+
+
 def test_pip_install_with_the_hub_extra_gives_a_working_mtpq_command(tmp_path, hub):
     venv = installed_venv(tmp_path)
     hub.add("org/ckpt", small_checkpoint(tmp_path / "ckpt"))
@@ -408,6 +413,9 @@ def test_pip_install_with_the_hub_extra_gives_a_working_mtpq_command(tmp_path, h
 
     assert "include-system-site-packages = false" in (venv / "pyvenv.cfg").read_text()
     assert where.stdout.startswith(str(venv)), where.stdout + where.stderr  # the installed copy
+    package = Path(where.stdout.strip()).parent  # carries the pins and the series, not apply.py
+    assert (package / "VLLM_VERSIONS").read_bytes() == (ROOT / "VLLM_VERSIONS").read_bytes()
+    assert series_files(package) == series_files(ROOT) and not list(package.rglob("apply.py"))
     assert remote.returncode == local.returncode == 1, remote.stderr + local.stderr
     assert "silent 0 % acceptance" in remote.stdout and remote.stdout.startswith("checkpoint    org/ckpt")
     assert (

@@ -8,16 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from mtpq.core.errors import MtpqError
+from mtpq.core.package_data import package_path
 
-_CHECKOUT_ROOT = Path(__file__).resolve().parents[2]
-# Installed with pip, the wheel carries VLLM_VERSIONS and patches/ in mtpq/project_files/ (pyproject.toml).
-PROJECT_ROOT = (
-    _CHECKOUT_ROOT
-    if (_CHECKOUT_ROOT / "VLLM_VERSIONS").is_file()
-    else Path(__file__).resolve().parents[1] / "project_files"
-)
-PIN_FILE = PROJECT_ROOT / "VLLM_VERSIONS"
-PATCHES_DIR = PROJECT_ROOT / "patches"
+PIN_FILE = package_path("mtpq", "VLLM_VERSIONS")
+PATCHES_DIR = package_path("mtpq", "patches")
 REQUIRED_KEYS = ("series", "commit", "sdist_sha256")
 # Artifact kind -> (PyPI project, file name pattern, key of its sha256).
 ARTIFACTS = {

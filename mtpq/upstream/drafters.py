@@ -26,6 +26,7 @@ from pathlib import Path
 
 from mtpq.core import gittree
 from mtpq.core.errors import MtpqError
+from mtpq.core.package_data import package_path
 from mtpq.core.pin import version_key
 from mtpq.core.series import load_series
 
@@ -328,7 +329,7 @@ def read_drafters(read: Reader) -> list[Drafter]:
 
 # The support matrix: a row per drafter of a release, from its tree and the construction probe's record
 # (tests/test_drafter_matrix.py checks the record against the probe and README.md against the table).
-RECORD = Path(__file__).resolve().parent / "drafter_matrix.json"
+RECORD = package_path("mtpq.upstream", "drafter_matrix.json")
 UNQUANTIZED = "unquantized"
 QUANTIZED = "quantized"
 NOT_BUILT = "not built"

@@ -20,10 +20,11 @@ from pathlib import Path
 from mtpq.core import gittree
 from mtpq.core.download import cache_root, pip_environment, scratch_dir
 from mtpq.core.errors import MtpqError
+from mtpq.core.package_data import package_path
 from mtpq.core.pin import Pin
 from mtpq.core.series import Series
 
-LOCK = Path(__file__).resolve().parent / "upstream-lint.lock"
+LOCK = package_path("mtpq.upstream", "upstream-lint.lock")
 _READY = ".mtpq-ready"
 
 

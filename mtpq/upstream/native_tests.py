@@ -27,13 +27,14 @@ from pathlib import Path
 from mtpq.core import crashsafe, gittree, installed
 from mtpq.core.download import cache_root, scratch_dir
 from mtpq.core.errors import MtpqError
+from mtpq.core.package_data import package_path
 from mtpq.core.pin import Pin
 from mtpq.core.series import Patch, Series
 from mtpq.upstream.pull_requests import test_files
 
 PASSED, FAILED, SKIPPED = "passed", "failed", "skipped"
 COLLECTION = "::<collection>"  # how the outcomes plugin names a test file that does not import
-_PLUGIN_DIR = Path(__file__).resolve().parent / "native_plugin"
+_PLUGIN_DIR = package_path("mtpq.upstream", "native_plugin")
 _READY = ".mtpq-ready"
 
 

@@ -27,6 +27,7 @@ from pathlib import Path, PurePosixPath
 from mtpq.core import installed
 from mtpq.core.download import scratch_dir, sha256_of
 from mtpq.core.errors import MtpqError
+from mtpq.core.package_data import package_path
 from mtpq.core.pin import Pin
 from mtpq.core.series import Series
 from mtpq.upstream.native_tests import PASSED, Run, overlays, run_pytest, tests_tree
@@ -43,7 +44,7 @@ AREAS = (
 )
 # pytest processes at once: many of the tests wait rather than compute (see _run_sharded).
 JOBS = 4
-RECORDS = Path(__file__).resolve().parent / "vllm_suite_stock"
+RECORDS = package_path("mtpq.upstream", "vllm_suite_stock")
 _MODEL_DIRS = (("vllm", "model_executor", "models"), ("vllm", "models"))
 
 
