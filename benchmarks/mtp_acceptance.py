@@ -24,8 +24,8 @@ sys.path.insert(0, str(ROOT))
 
 import checkpoints  # noqa: E402
 from e2e_cases import (  # noqa: E402
-    ARCHITECTURES,
     CASES,
+    E2E_FAMILIES,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
     QWEN3_5_ALL,
@@ -85,7 +85,7 @@ def acceptance_table(checkpoint_of, target: str, newest_target: bool, archs: lis
             continue
         before, after = (reports[EngineRun(variant, case, {}).key] for variant in ("unpatched", "patched"))
         print(f"  {case.name():36} {describe(before):60} -> {describe(after)}", flush=True)
-    for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES):
+    for arch in (*E2E_FAMILIES, *QWEN3_5_FAMILIES):
         if (run := EngineRun("patched", baseline(arch), {})).key in reports:
             print(f"  {arch + '-bf16 (baseline)':36} {describe(reports[run.key])}", flush=True)
     if newest_target:
@@ -100,7 +100,7 @@ def acceptance_table(checkpoint_of, target: str, newest_target: bool, archs: lis
 
 def throughput_table(checkpoint_of, target: str, max_tokens: int, archs: list[str] | None) -> None:
     """Every end-to-end case with the series: acceptance and output tokens/s, MTP on and off."""
-    cases = [baseline(arch) for arch in (*ARCHITECTURES, *QWEN3_5_FAMILIES)]
+    cases = [baseline(arch) for arch in (*E2E_FAMILIES, *QWEN3_5_FAMILIES)]
     cases += [*CASES, QUANTIZED_MTP, *QUANTIZER_EXPORTS, *QWEN3_5_ALL]
     cases = [case for case in of_architectures(cases, archs) if not case.cannot_run(target)]
     runs = [EngineRun("patched", case, speculative) for case in cases for speculative in ({}, None)]

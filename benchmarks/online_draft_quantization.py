@@ -29,7 +29,7 @@ import checkpoints  # noqa: E402
 from e2e_cases import MTP  # noqa: E402
 
 # One dense and one MoE MTP layer: the online schemes cover linear layers, MoE experts or both.
-ARCHITECTURES = ("mimo", "glm4_moe")
+DENSE_AND_MOE = ("mimo", "glm4_moe")
 BF16_DRAFT = "none"
 # Linear layers only, the structured form: on MoE drafts the CPU has no online FP8 MoE kernel.
 FP8_LINEAR_ONLY = {"quant_method": "online", "linear": "fp8_per_channel"}
@@ -86,9 +86,9 @@ def main() -> None:
     prompts = checkpoints.default_prompts(args.prompts)
     with tempfile.TemporaryDirectory(prefix="mtpq-online-") as scratch:
         batch = {}
-        for arch in ARCHITECTURES:
+        for arch in DENSE_AND_MOE:
             model = checkpoints.make_checkpoint(
-                checkpoints.ARCHITECTURES[arch], Path(scratch) / arch, "int8_w8a8"
+                checkpoints.CHECKPOINT_ARCHITECTURES[arch], Path(scratch) / arch, "int8_w8a8"
             )
             for option in schemes(on_gpu):
                 batch[f"{arch}|{label(option)}"] = {

@@ -1149,7 +1149,7 @@ HY_V4 = dataclasses.replace(
 )
 
 
-ARCHITECTURES = {
+CHECKPOINT_ARCHITECTURES = {
     architecture.name: architecture
     for architecture in (
         MIMO,
@@ -1280,7 +1280,7 @@ def architecture_of(checkpoint_dir: str | Path) -> Architecture:
     config = json.loads((Path(checkpoint_dir) / "config.json").read_text())
     return next(
         architecture
-        for architecture in ARCHITECTURES.values()
+        for architecture in CHECKPOINT_ARCHITECTURES.values()
         if (architecture.hf_config["model_type"], architecture.hf_config.get("architectures"))
         == (config["model_type"], config.get("architectures"))
     )
@@ -2002,7 +2002,7 @@ def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
 
     if arch in FAMILIES:
         return make_qwen3_5_checkpoint(arch, out, quant, **options)
-    return make_checkpoint(ARCHITECTURES[arch], out, quant, **options)
+    return make_checkpoint(CHECKPOINT_ARCHITECTURES[arch], out, quant, **options)
 
 
 def damaged_mtp_tensor(arch: str) -> str:
@@ -2012,7 +2012,7 @@ def damaged_mtp_tensor(arch: str) -> str:
 
     if arch in FAMILIES:
         return damaged_tensor(arch).removeprefix(f"{MTP}.")
-    architecture = ARCHITECTURES[arch]
+    architecture = CHECKPOINT_ARCHITECTURES[arch]
     return architecture.damaged_tensor.removeprefix(f"{architecture.mtp_prefix}.")
 
 

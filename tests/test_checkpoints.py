@@ -7,12 +7,14 @@ its own weights zeroed or replaced by garbage it drafts nothing right, so a brok
 from __future__ import annotations
 
 import pytest
-from checkpoints import ARCHITECTURES, make_checkpoint, verify_engineering
+from checkpoints import CHECKPOINT_ARCHITECTURES, make_checkpoint, verify_engineering
 
 
 # The quantized variants change only the main layers' Linears (checked end to end: same output).
 # Every registered architecture, written here directly: a BF16 checkpoint takes well under a second.
-@pytest.mark.parametrize("architecture", list(ARCHITECTURES.values()), ids=list(ARCHITECTURES))
+@pytest.mark.parametrize(
+    "architecture", list(CHECKPOINT_ARCHITECTURES.values()), ids=list(CHECKPOINT_ARCHITECTURES)
+)
 def test_drafts_are_right_exactly_when_the_mtp_weights_are(tmp_path, architecture):
     report = verify_engineering(make_checkpoint(architecture, tmp_path))
     assert report.main_follows_chain

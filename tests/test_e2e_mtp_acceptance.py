@@ -18,13 +18,13 @@ from checkpoints import (
     load_successor,
 )
 from e2e_cases import (
-    ARCHITECTURES,
     AS_DEQUANTIZED_REFERENCE,
     BAD_LAYOUTS,
     CASES,
     CHOICE_CASES,
     DRAFTER_BUILDS_FIRST_LAYER_ONLY,
     DRAFTER_MISSING_LAYER_ERROR,
+    E2E_FAMILIES,
     MTP_LAYERS_NUMBERED_FROM_ZERO,
     OWN_SCHEME_MTP,
     QUANTIZED_MTP,
@@ -73,7 +73,7 @@ def cpu_cannot_run(engine_run, case: Case, report: dict) -> str | None:
     return engine_run(EngineRun("patched", case)).get("error")
 
 
-@pytest.mark.parametrize("arch", ARCHITECTURES)
+@pytest.mark.parametrize("arch", E2E_FAMILIES)
 def test_bf16_checkpoint_accepts_every_draft(engine_run, engineered_checkpoint, arch):
     """The baseline the quantized cases must reach."""
     case = baseline(arch)

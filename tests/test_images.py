@@ -62,7 +62,7 @@ STANDIN_KEY_LABEL = "mtpq.standin-key"
 IMAGE_REPO = "localhost/mtpq-test"
 REFUSED_REPO = "localhost/mtpq-test-refused"
 CUDA_ARCHES = {"sm89": "sm_89", "sm90": "sm_90", "sm121": "sm_121"}
-ARCHITECTURES = {"sm89": "amd64", "sm90": "amd64", "sm121": "arm64"}
+IMAGE_CPU_ARCHES = {"sm89": "amd64", "sm90": "amd64", "sm121": "arm64"}
 MACHINES = {"amd64": "x86_64", "arm64": "aarch64"}
 QEMU_AARCH64_HANDLER = Path("/proc/sys/fs/binfmt_misc/qemu-aarch64")
 FALLBACK_DEBIAN_MIRROR = "http://deb.debian.org/debian"
@@ -306,7 +306,7 @@ def image_name(request: pytest.FixtureRequest) -> str:
 @pytest.fixture(scope="session")
 def image(request: pytest.FixtureRequest, image_name: str) -> Built:
     """The image built by docker/build.sh on its platform's stand-in (sm121's only when asked for)."""
-    built = request.getfixturevalue(f"{ARCHITECTURES[image_name]}_images")
+    built = request.getfixturevalue(f"{IMAGE_CPU_ARCHES[image_name]}_images")
     return built[image_name]
 
 
@@ -373,7 +373,7 @@ def test_labels_name_arch_vllm_and_series(
 def test_image_is_for_its_platform_and_runs_there(
     buildah_env: dict[str, str], image: Built, image_name: str, container: str
 ) -> None:
-    architecture = ARCHITECTURES[image_name]
+    architecture = IMAGE_CPU_ARCHES[image_name]
     inspected = image_inspect(buildah_env, image.tag)
     assert (inspected["os"], inspected["architecture"]) == ("linux", architecture)
     machine = run(["buildah", "run", container, "--", "uname", "-m"], buildah_env).stdout.strip()

@@ -52,7 +52,7 @@ QUANTIZED_LINEARS = {
         | _names("model.layers.1.mtp_block.mlp", "gate_up_proj", "down_proj"),
     ),
 }
-ARCHITECTURES = sorted(QUANTIZED_LINEARS)
+PROBED_ARCHITECTURES = sorted(QUANTIZED_LINEARS)
 SCENARIOS = ("bf16", "quantized", "bf16_block")
 
 # Quantized projections around a BF16 decoder block, per series. v0.22.1 builds the block with its own
@@ -80,7 +80,7 @@ def quantized_linears(result: dict) -> set[str]:
     return {name for name, method in built(result)["linears"].items() if method == QUANTIZED}
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", PROBED_ARCHITECTURES)
 def test_patched_draft_of_a_bf16_mtp_layer_is_unquantized(draft, architecture):
     result = built(draft("patched", architecture, "bf16"))
     projections, block = QUANTIZED_LINEARS[architecture]
@@ -89,7 +89,7 @@ def test_patched_draft_of_a_bf16_mtp_layer_is_unquantized(draft, architecture):
     assert set(result["linears"].values()) <= UNQUANTIZED, result["linears"]
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", PROBED_ARCHITECTURES)
 def test_patched_draft_of_a_quantized_mtp_layer_keeps_the_target_quantization(draft, architecture):
     result = built(draft("patched", architecture, "quantized"))
     projections, block = QUANTIZED_LINEARS[architecture]
@@ -97,7 +97,7 @@ def test_patched_draft_of_a_quantized_mtp_layer_keeps_the_target_quantization(dr
     assert quantized_linears(result) == projections | block
 
 
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", PROBED_ARCHITECTURES)
 def test_patched_quantized_projections_around_a_bf16_block_follow_the_series_rule(
     draft, series_design, architecture
 ):
@@ -113,7 +113,7 @@ def test_patched_quantized_projections_around_a_bf16_block_follow_the_series_rul
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS)
-@pytest.mark.parametrize("architecture", ARCHITECTURES)
+@pytest.mark.parametrize("architecture", PROBED_ARCHITECTURES)
 def test_unpatched_draft_quantizes_the_mtp_layer_whatever_its_checkpoint_stores(
     draft, architecture, scenario
 ):

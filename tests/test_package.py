@@ -1,6 +1,7 @@
 """The mtpq package's structure: every module imports on its own, no two modules import each other
-(directly or round a longer circle, at the top or inside a function), every error derives from the one
-base the command lines catch, and no two classes share a name."""
+(directly or round a longer circle, at the top or inside a function), the three concerns import what
+they share (mtpq.core) and never one another, every error derives from the one base the command lines
+catch, and no two classes share a name."""
 
 from __future__ import annotations
 
@@ -76,6 +77,19 @@ def circle_from(graph: dict[str, set[str]]) -> list[str] | None:
 
 def test_no_module_imports_itself_round_a_circle():
     assert circle_from(import_graph()) is None, " -> ".join(circle_from(import_graph()))
+
+
+@pytest.mark.parametrize("concern", ["apply", "checkpoint", "upstream"])
+def test_a_concern_imports_the_core_and_never_another_concern(concern):
+    others = tuple(f"mtpq.{other}." for other in ("apply", "checkpoint", "upstream") if other != concern)
+    imported = {
+        target
+        for name, targets in import_graph().items()
+        if name.startswith(f"mtpq.{concern}.")
+        for target in targets
+    }
+    assert {target for target in imported if target.startswith(others)} == set()
+    assert any(target.startswith("mtpq.core.") for target in imported)
 
 
 def test_the_circle_finder_finds_one():

@@ -35,7 +35,7 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-from mtp_draft_construction import ARCHITECTURES
+from mtp_draft_construction import CONSTRUCTION_ONLY
 from mtp_vllm import CT_FP8_BLOCK_GROUP, build_and_load, deepseek_v4_stand_ins, failure
 from safetensors.torch import save_file
 
@@ -56,7 +56,7 @@ MAX_POSITION = 4096
 
 # The construction probe's tiny DeepSeek-V4, whose widths are multiples of 128 so FP8 128x128 blocks
 # fit every linear.
-TINY_DSV4_CONFIG = ARCHITECTURES["deepseek_v4"].hf_config
+TINY_DSV4_CONFIG = CONSTRUCTION_ONLY["deepseek_v4"].hf_config
 NUM_HIDDEN_LAYERS = TINY_DSV4_CONFIG["num_hidden_layers"]
 DRAFT_LAYER = f"model.layers.{NUM_HIDDEN_LAYERS}"
 HIDDEN = TINY_DSV4_CONFIG["hidden_size"]

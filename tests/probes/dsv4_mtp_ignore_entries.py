@@ -21,7 +21,7 @@ import tempfile
 from pathlib import Path
 
 import torch
-from mtp_draft_construction import ARCHITECTURES
+from mtp_draft_construction import CONSTRUCTION_ONLY
 from mtp_vllm import build_mtp_draft, deepseek_v4_stand_ins, failure
 
 # Ways a checkpoint leaves its BF16 MTP layer (``mtp.0.*``) out of quantization.
@@ -30,7 +30,7 @@ IGNORE_SCENARIOS = {
     "whole_layer_regex": ["lm_head", "re:.*mtp.*"],
 }
 
-TINY_DSV4 = ARCHITECTURES["deepseek_v4"]
+TINY_DSV4 = CONSTRUCTION_ONLY["deepseek_v4"]
 NUM_HIDDEN_LAYERS = TINY_DSV4.hf_config["num_hidden_layers"]
 
 

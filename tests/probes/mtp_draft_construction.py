@@ -1,6 +1,6 @@
 """Probe section: the quant method each linear of an MTP draft is built with, per checkpoint layout.
 
-For every architecture in ARCHITECTURES and every scenario in SCENARIOS it writes a tiny checkpoint:
+For every architecture in CONSTRUCTION_ONLY and every scenario in SCENARIOS it writes a tiny checkpoint:
 config.json with a compressed-tensors quantization_config (the main model's: INT8 W8A8, FP8 block for
 DeepSeek-V4), and a model.safetensors holding the MTP layer's tensors in the scenario's format (BF16,
 quantized, or quantized projections around a BF16 decoder block); only its header is read. It then
@@ -69,7 +69,7 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 
 
 # MTP drafters that cannot run end to end on CPU (Qwen3.5, GLM-4.x and GLM-5 are in mtp_families).
-ARCHITECTURES = {
+CONSTRUCTION_ONLY = {
     # Every width a multiple of 128: FP8 128x128 blocks fit every linear.
     "deepseek_v4": Architecture(
         hf_config={
@@ -282,5 +282,5 @@ def run_scenario(architecture: Architecture, scenario: str) -> dict:
 def probe() -> dict:
     return {
         name: {scenario: run_scenario(architecture, scenario) for scenario in SCENARIOS}
-        for name, architecture in ARCHITECTURES.items()
+        for name, architecture in CONSTRUCTION_ONLY.items()
     }
