@@ -1,6 +1,6 @@
 """A local server that answers as the Hugging Face Hub does, for what huggingface_hub asks of it when
 mtpq reads a remote checkpoint: `/api/models/{repo}[/revision/{rev}]` (with `?blobs=true` sizes),
-`/{repo}/resolve/{rev}/{file}` (ETag and X-Repo-Commit headers; LFS files redirected with 302 to a
+`/{repo}/resolve/{rev}/{file}` (ETag and X-HubRepo-Commit headers; LFS files redirected with 302 to a
 second server, the blob host, as the Hub redirects to its CDN), 206 range answers, and the Hub's
 401/403/404 answers with their X-Error-Code. It counts the bytes of every body it serves, so tests
 assert what was fetched. 127.0.0.1 only; both servers stop at the end of the test, or by themselves
@@ -36,7 +36,7 @@ API = "(api)"
 
 
 @dataclass
-class Repo:
+class HubRepo:
     directory: Path
     revisions: tuple[str, ...] = ("main",)
     gated: bool = False
@@ -85,9 +85,9 @@ class Served:
 
 class HubServer:
     def __init__(self) -> None:
-        self.repos: dict[str, Repo] = {}
+        self.repos: dict[str, HubRepo] = {}
         self.served = Served()
-        self.blobs: dict[str, tuple[Path, Repo]] = {}  # blob id -> file, for the blob host
+        self.blobs: dict[str, tuple[Path, HubRepo]] = {}  # blob id -> file, for the blob host
         self._hub = _start(self._hub_handler())
         self._blob_host = _start(self._blob_handler())
         self.endpoint = f"http://127.0.0.1:{self._hub.server_port}"
@@ -96,8 +96,8 @@ class HubServer:
         self._timer.daemon = True
         self._timer.start()
 
-    def add(self, repo_id: str, directory: Path, **options) -> Repo:
-        self.repos[repo_id] = Repo(Path(directory), **options)
+    def add(self, repo_id: str, directory: Path, **options) -> HubRepo:
+        self.repos[repo_id] = HubRepo(Path(directory), **options)
         return self.repos[repo_id]
 
     def stop(self) -> None:
@@ -111,7 +111,7 @@ class HubServer:
 
     # --- the Hub -------------------------------------------------------------------------------------
 
-    def _find(self, repo_id: str, revision: str) -> tuple[Repo | None, str | None]:
+    def _find(self, repo_id: str, revision: str) -> tuple[HubRepo | None, str | None]:
         """(repo, error code) for a request of repo_id at revision."""
         repo = self.repos.get(repo_id)
         if repo is None:
@@ -136,7 +136,7 @@ class HubServer:
                     return self.resolve(resolve[1], resolve[2], resolve[3])
                 self.fail(404, "RepoNotFound")
 
-            def authorized(self, repo: Repo) -> bool:
+            def authorized(self, repo: HubRepo) -> bool:
                 return self.headers.get("Authorization") == f"Bearer {TOKEN}"
 
             def model_info(self, repo_id: str, revision: str, query: dict) -> None:
@@ -185,7 +185,10 @@ class HubServer:
                 file = repo.directory / name
                 if "/" in name or not file.is_file():
                     return self.fail(404, "EntryNotFound")
-                extra = {"ETag": f'"{hashlib.sha1(name.encode()).hexdigest()}"', "X-Repo-Commit": repo.commit}
+                extra = {
+                    "ETag": f'"{hashlib.sha1(name.encode()).hexdigest()}"',
+                    "X-HubRepo-Commit": repo.commit,
+                }
                 if name.endswith(_LFS_SUFFIX):
                     blob = hashlib.sha256(f"{repo_id}/{repo.commit}/{name}".encode()).hexdigest()
                     hub.blobs[blob] = (file, repo)
@@ -243,7 +246,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
         self.owner.served.add(API, len(body))
 
-    def send_file(self, file: Path, repo: Repo, extra: dict[str, str]) -> None:
+    def send_file(self, file: Path, repo: HubRepo, extra: dict[str, str]) -> None:
         size = file.stat().st_size
         wanted = _RANGE.match(self.headers.get("Range", ""))
         if wanted and not repo.ignore_range:

@@ -40,7 +40,7 @@ ROUTED_EXPERTS_IGNORE = r"re:.*\.experts\..*"
 
 
 @dataclass(frozen=True)
-class Architecture:
+class ProbedArchitecture:
     """A tiny checkpoint of one MTP architecture; module names are the checkpoint's."""
 
     hf_config: dict
@@ -71,7 +71,7 @@ MLP = ("gate_proj", "up_proj", "down_proj")
 # MTP drafters that cannot run end to end on CPU (Qwen3.5, GLM-4.x and GLM-5 are in mtp_families).
 CONSTRUCTION_ONLY = {
     # Every width a multiple of 128: FP8 128x128 blocks fit every linear.
-    "deepseek_v4": Architecture(
+    "deepseek_v4": ProbedArchitecture(
         hf_config={
             "architectures": ["DeepseekV4ForCausalLM"],
             "model_type": "deepseek_v4",
@@ -130,7 +130,7 @@ CONSTRUCTION_ONLY = {
         # Its CUDA attention supports FP8 KV caches only.
         cache_dtype="fp8",
     ),
-    "deepseek_v3": Architecture(
+    "deepseek_v3": ProbedArchitecture(
         hf_config={
             "architectures": ["DeepseekV3ForCausalLM"],
             "model_type": "deepseek_v3",
@@ -175,7 +175,7 @@ CONSTRUCTION_ONLY = {
         ),
         stand_ins=mla_wrapper_stand_ins,
     ),
-    "qwen3_next": Architecture(
+    "qwen3_next": ProbedArchitecture(
         hf_config={
             "architectures": ["Qwen3NextForCausalLM"],
             "model_type": "qwen3_next",
@@ -211,7 +211,7 @@ CONSTRUCTION_ONLY = {
         ),
     ),
     # Dense MTP block, as Step-3.5's is: only layers 1..N-1 (or moe_layers_enum) are MoE.
-    "step3p5": Architecture(
+    "step3p5": ProbedArchitecture(
         hf_config={
             "architectures": ["Step3p5ForCausalLM"],
             "model_type": "step3p5",
@@ -243,7 +243,7 @@ SCENARIOS = {
 }
 
 
-def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> None:
+def write_checkpoint(checkpoint_dir: Path, architecture: ProbedArchitecture, scenario: str) -> None:
     quantization_config = {**architecture.quantization_config, "ignore": ["lm_head", ROUTED_EXPERTS_IGNORE]}
     hf_config = {**architecture.hf_config, "quantization_config": quantization_config}
     (checkpoint_dir / "config.json").write_text(json.dumps(hf_config))
@@ -262,7 +262,7 @@ def write_checkpoint(checkpoint_dir: Path, architecture: Architecture, scenario:
     save_file(tensors, checkpoint_dir / "model.safetensors")
 
 
-def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, scenario: str) -> dict:
+def build_draft_and_describe(checkpoint_dir: Path, architecture: ProbedArchitecture, scenario: str) -> dict:
     write_checkpoint(checkpoint_dir, architecture, scenario)
     draft, vllm_config = build_mtp_draft(
         checkpoint_dir, stand_ins=architecture.stand_ins(), cache_dtype=architecture.cache_dtype
@@ -270,7 +270,7 @@ def build_draft_and_describe(checkpoint_dir: Path, architecture: Architecture, s
     return {"draft_quant_decision": draft_quant_decision(vllm_config), "linears": describe_linears(draft)}
 
 
-def run_scenario(architecture: Architecture, scenario: str) -> dict:
+def run_scenario(architecture: ProbedArchitecture, scenario: str) -> dict:
     with tempfile.TemporaryDirectory(prefix="mtpq-construct-") as checkpoint_dir:
         try:
             return build_draft_and_describe(Path(checkpoint_dir), architecture, scenario)
