@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from mtpq.checkpoint.survey import load_survey
 from mtpq.core.errors import MtpqError
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # for a type hint alone: reader.py imports this module
     from mtpq.checkpoint.reader import Checkpoint
 
 # The longest safetensors header read, as vLLM (series patch 0000) and the safetensors library allow.
