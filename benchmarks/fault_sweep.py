@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Kill apply.py at every file-system step of every mode that writes, and check after each that
 nothing is lost and the next ordinary run finishes the job (tests/faults.py); then runs two at once.
 
-    <venv>/bin/python benchmarks/fault_sweep.py [--modes vllm-src,installed,...] [--release V]
+    <venv>/bin/python -m benchmarks.fault_sweep [--modes vllm-src,installed,...] [--release V]
         [--inside 0.005,0.05] [--pairs 10]
 
 --inside also kills inside every subprocess step (git) that long after it starts: a timing sample
@@ -19,15 +18,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import faults  # noqa: E402
-
-from mtpq.apply import gittree  # noqa: E402
-from mtpq.apply.pin import load_pins, newest_pin  # noqa: E402
-from mtpq.apply.series import load_series  # noqa: E402
+from mtpq.apply import gittree
+from mtpq.apply.pin import load_pins, newest_pin
+from mtpq.apply.series import load_series
+from tests import faults
 
 
 def sweep_mode(name: str, pin, series, work: Path, delays: list[str]) -> list[str]:

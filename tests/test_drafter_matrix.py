@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, target_version
-from e2e_cases import ARCHITECTURES, CANNOT_RUN, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
 from mtpq.apply import gittree
 from mtpq.apply.pin import load_pins
 from mtpq.checkpoint import survey
 from mtpq.upstream import drafters
+from tests.conftest import ROOT, target_version
+from tests.e2e_cases import ARCHITECTURES, CANNOT_RUN, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
 SECTION = "drafter_matrix"
 TARGET = target_version()

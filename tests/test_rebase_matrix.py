@@ -12,13 +12,13 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git
 
 from mtpq.apply import gittree, matrix
 from mtpq.apply.download import DownloadError
 from mtpq.apply.gittree import MTPQ_IDENT
 from mtpq.apply.pin import Artifact, Pin, load_pins
 from mtpq.apply.series import load_series
+from tests.conftest import ROOT, git
 
 IDENTITY = {**os.environ, **MTPQ_IDENT}
 DEP3 = "Origin: vendor\nForwarded: no\nBug: none\nApplied-Upstream: no\nLast-Update: 2026-01-01\n"

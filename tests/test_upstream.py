@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 
 import pytest
-from checkpoints import run_mtpq
-from series_edits import add_new_file
 
 from mtpq.apply.pin import load_pins, newest_pin
 from mtpq.apply.series import SeriesError, load_series
 from mtpq.upstream import lint, native_tests, pull_requests
+from tests.commands import run_mtpq
+from tests.series_edits import add_new_file
 
 
 @pytest.fixture(scope="module")
