@@ -6,8 +6,11 @@ interpreter has, or with no vLLM the newest test-bed target): a pinned release w
 behaviour tests run. Tests that take `release_pin` run once for every release the session covers
 (served_pins), each with its own series (`release_series`).
 
-Tests that need the test bed (its vLLM, torch, the CPU engine) are marked `engine`, here and nowhere
-else: `python -m pytest -m "not engine"` runs the others where no vLLM is installed (README, "Testing").
+Tests that need vLLM itself are marked `engine`: those that need the test bed (its vLLM, torch, the CPU
+engine) or a release's sources or wheel, or build the images. This module marks them by module and by
+fixture; a test that reaches a release's sources through mtpq's own code carries the mark itself.
+`python -m pytest -m "not engine"` runs the others, in seconds, where no vLLM is installed (README,
+"Tests").
 """
 
 from __future__ import annotations
@@ -37,10 +40,13 @@ from tests.run import targets as engine_targets
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 
-# Test modules that need vLLM throughout: they import it or torch at the top, or build the images around
-# it (root and buildah too). Where no vLLM is installed they are not collected.
+# Test modules that need vLLM throughout: they import it or torch at the top, apply the series to its
+# trees and installations, or build the images around it (root and buildah too). Where no vLLM is
+# installed they are not collected.
 ENGINE_MODULES = [
+    "test_apply_tree.py",
     "test_checkpoints.py",
+    "test_crash_safety.py",
     "test_doctor_copies.py",
     "test_dsv4_bf16_mtp.py",
     "test_dsv4_mtp_ignore_entries.py",
@@ -51,6 +57,7 @@ ENGINE_MODULES = [
     "test_e2e_tensor_parallel.py",
     "test_engine_limits.py",
     "test_images.py",
+    "test_installed.py",
     "test_mla_stand_in.py",
     "test_mtp_checkpoint_detector.py",
     "test_mtp_checkpoint_properties.py",
@@ -59,9 +66,10 @@ ENGINE_MODULES = [
     "test_speculative_config.py",
     "test_step3p5_mtp.py",
 ]
-# The fixtures that need the test bed: a test that uses one, directly or through another fixture, is
-# `engine` too.
-ENGINE_FIXTURES = {"installed_vllm", "unpatched_vllm", "engineered_checkpoint"}
+# The fixtures that need vLLM: the test bed's (installed_vllm, unpatched_vllm), torch's
+# (engineered_checkpoint), a release's source tree (pinned_tree) or wheel (test_wheel.py's `wheel`). A
+# test that uses one, directly or through another fixture, is `engine` too.
+ENGINE_FIXTURES = {"installed_vllm", "unpatched_vllm", "engineered_checkpoint", "pinned_tree", "wheel"}
 
 
 def target_version() -> str:
