@@ -40,14 +40,15 @@ from tests.run import targets as engine_targets
 ROOT = Path(__file__).resolve().parent.parent
 VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 
-# Test modules that need vLLM throughout: they import it or torch at the top, apply the series to its
-# trees and installations, or build the images around it (root and buildah too). Where no vLLM is
-# installed they are not collected.
+# Test modules that need vLLM throughout: they import it or torch at the top, read a release's sources
+# there (test_drafter_matrix.py), apply the series to its trees and installations, or build the images
+# around it (root and buildah too). Where no vLLM is installed they are not collected.
 ENGINE_MODULES = [
     "test_apply_tree.py",
     "test_checkpoints.py",
     "test_crash_safety.py",
     "test_doctor_copies.py",
+    "test_drafter_matrix.py",
     "test_dsv4_bf16_mtp.py",
     "test_dsv4_mtp_ignore_entries.py",
     "test_e2e_doctor.py",

@@ -354,7 +354,6 @@ def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
     }
 
 
-@pytest.mark.engine  # reads every served release's sources
 def test_every_drafter_of_a_served_release_is_in_the_matrix(release_pin):
     """0.32.0: 31 drafters, each with its recorded row; 0.33.0: 33, each through 0.32.0 or static only.
     Every drafter has a target config vLLM turns into it and a model file; none bypasses the decision
@@ -369,7 +368,6 @@ def test_every_drafter_of_a_served_release_is_in_the_matrix(release_pin):
     ]
 
 
-@pytest.mark.engine  # reads the release's sources
 def test_a_registry_drafter_the_matrix_does_not_cover_fails(tmp_path):
     pin = load_pins()[TARGET]
     tree = drafters.revision_reader(gittree.open_repo(gittree.pinned_tree(pin)), pin.tag)
@@ -388,7 +386,6 @@ def test_a_registry_drafter_the_matrix_does_not_cover_fails(tmp_path):
         drafters.matrix_rows(TARGET, drafters.read_drafters(read), drafters.load_record())
 
 
-@pytest.mark.engine  # reads every pinned release's sources
 def test_readme_support_table_is_the_generated_one():
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
@@ -397,7 +394,6 @@ def test_readme_support_table_is_the_generated_one():
     )
 
 
-@pytest.mark.engine  # reads every pinned release's sources
 def test_matrix_command_prints_the_tables(capsys):
     from mtpq.command import main
 
