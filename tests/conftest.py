@@ -9,8 +9,8 @@ behaviour tests run. Tests that take `release_pin` run once for every release th
 Tests that need vLLM itself are marked `engine`: those that need the test bed (its vLLM, torch, the CPU
 engine) or a release's sources or wheel, or build the images. This module marks them by module and by
 fixture; a test that reaches a release's sources through mtpq's own code carries the mark itself.
-`python -m pytest -m "not engine"` runs the others, in seconds, where no vLLM is installed (README,
-"Tests").
+`python -m pytest -m "not engine"` runs the others, in about a minute, where no vLLM is installed
+(README, "Tests").
 """
 
 from __future__ import annotations
