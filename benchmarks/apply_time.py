@@ -1,8 +1,8 @@
-#!/usr/bin/env python3
 """Time `python apply.py --vllm V` on each pinned release's tree: cold (tree built from the cached
 sdist) and warm.
 
-Run with any Python >= 3.10 (e.g. the test bed's). Prints one line per measurement.
+Run with any Python >= 3.10 (e.g. the test bed's) from the checkout root:
+`python -m benchmarks.apply_time`. Prints one line per measurement.
 """
 
 import os
@@ -13,11 +13,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mtpq.core.download import cache_root, fetch
+from mtpq.core.pin import load_pins
 
-from mtpq.core.download import cache_root, fetch  # noqa: E402
-from mtpq.core.pin import load_pins  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def timed_apply(version: str, env: dict[str, str]) -> float:

@@ -1,11 +1,10 @@
-#!/usr/bin/env python3
 """What `python -m mtpq doctor` costs on a DeepSeek-V3-sized release: wall time and bytes read.
 
 The release is written as its headers lay it out (61 decoder layers of 256 FP8 block-scaled experts
 and one MTP layer, 667 GiB of tensor data left as sparse holes), in more or fewer shards. The doctor
 runs as a user runs it, with the standard library alone. Prints figures, asserts nothing.
 
-  python3 benchmarks/doctor.py [--shards-per-layer 1,4,8] [--runs 3]
+  python3 -m benchmarks.doctor [--shards-per-layer 1,4,8] [--runs 3]
 """
 
 import argparse
@@ -17,10 +16,9 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests.header_checkpoints import write_deepseek_v3_shaped
 
-from header_checkpoints import write_deepseek_v3_shaped  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def main() -> None:

@@ -1,8 +1,7 @@
-#!/usr/bin/env python3
 """Kill apply.py at every file-system step of every mode that writes, and check after each that
 nothing is lost and the next ordinary run finishes the job (tests/faults.py); then runs two at once.
 
-    <venv>/bin/python benchmarks/fault_sweep.py [--modes vllm-src,installed,...] [--release V]
+    <venv>/bin/python -m benchmarks.fault_sweep [--modes vllm-src,installed,...] [--release V]
         [--inside 0.005,0.05] [--pairs 10]
 
 --inside also kills inside every subprocess step (git) that long after it starts: a timing sample
@@ -19,15 +18,12 @@ import tempfile
 import time
 from pathlib import Path
 
+from mtpq.core import gittree
+from mtpq.core.pin import load_pins, newest_pin
+from mtpq.core.series import load_series
+from tests import faults
+
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))
-
-import faults  # noqa: E402
-
-from mtpq.core import gittree  # noqa: E402
-from mtpq.core.pin import load_pins, newest_pin  # noqa: E402
-from mtpq.core.series import load_series  # noqa: E402
 
 
 def sweep_mode(name: str, pin, series, work: Path, delays: list[str]) -> list[str]:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """MTP acceptance before/after the series, output tokens/s with MTP on and off, engine start-up with and
 without the series, and the detector's cost, on one test-bed target.
 
@@ -7,7 +6,7 @@ vLLM is patched; the unpatched baseline is the same wheel's `vllm/` on PYTHONPAT
 asserts nothing. The engine runs are the end-to-end suite's plan (tests/e2e_cases.py), batched one
 probe process per vLLM variant and tensor-parallel size as the tests batch them.
 
-  <venv>/bin/python benchmarks/mtp_acceptance.py [--startup-runs N] [--max-tokens N] [--skip-engines]
+  <venv>/bin/python -m benchmarks.mtp_acceptance [--startup-runs N] [--max-tokens N] [--skip-engines]
       [--arch ARCH ...]
 """
 
@@ -18,12 +17,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
-sys.path.insert(0, str(ROOT))
-
-import checkpoints  # noqa: E402
-from e2e_cases import (  # noqa: E402
+from mtpq.core.installed import find_installation, installed_version
+from tests import checkpoints
+from tests.e2e_cases import (
     CASES,
     E2E_FAMILIES,
     QUANTIZED_MTP,
@@ -37,11 +33,9 @@ from e2e_cases import (  # noqa: E402
     engine_plan,
     engine_specs,
 )
-from header_checkpoints import DSV3_LAYERS, write_deepseek_v3_shaped  # noqa: E402
-from probing import run_probe  # noqa: E402
-from run import ensure_unpatched_vllm, targets  # noqa: E402
-
-from mtpq.core.installed import find_installation, installed_version  # noqa: E402
+from tests.header_checkpoints import DSV3_LAYERS, write_deepseek_v3_shaped
+from tests.probing import run_probe
+from tests.run import ensure_unpatched_vllm, targets
 
 
 def probe(variant: str, batch: dict) -> dict[str, dict]:

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """A BF16 MTP draft against the same draft quantized online by draft_quant_config (vLLM's online schemes):
 the draft's own weight bytes (embeddings and LM head are the target's), its step time (wall time of
 one draft-model forward), output tokens/s and acceptance, on the engineered checkpoints (INT8 W8A8 main
@@ -11,22 +10,23 @@ installed vLLM (most are refused there, and the table says why); on CUDA FP8 per
 (per-token, MoE only: Blackwell). Engines run in-process, eager, one after another. Prints figures,
 asserts nothing.
 
-  <venv>/bin/python benchmarks/online_draft_quantization.py [--max-tokens N] [--prompts N]
+  <venv>/bin/python -m benchmarks.online_draft_quantization [--max-tokens N] [--prompts N]
 """
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT / "tests"))
+from tests import checkpoints
+from tests.e2e_cases import MTP
+from tests.probing import probe_pythonpath
 
-import checkpoints  # noqa: E402
-from e2e_cases import MTP  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 # One dense and one MoE MTP layer: the online schemes cover linear layers, MoE experts or both.
 DENSE_AND_MOE = ("mimo", "glm4_moe")
@@ -54,6 +54,7 @@ def run_engines(batch: dict) -> dict:
         capture_output=True,
         text=True,
         cwd=ROOT / "tests",
+        env={**os.environ, "PYTHONPATH": probe_pythonpath()},
     )
     if done.returncode != 0:
         raise SystemExit(f"engine probe failed:\n{done.stderr[-4000:]}")

@@ -1,10 +1,10 @@
-#!/usr/bin/env python3
 """The rebase matrix: for each series, how each patch applies to every vLLM release from the series'
 oldest pinned release up to the newest on PyPI: clean, 3-way, already upstream or conflict (N hunks).
 
-Run with any Python >= 3.10 (e.g. the test bed's). Trees are built once from the
-PyPI sdists (sha256-verified against the index) and reused from the mtpq cache; the matrix goes to
-stdout, progress and timings to stderr.
+Run with any Python >= 3.10 (e.g. the test bed's) from the checkout root:
+`python -m benchmarks.rebase_matrix`. Trees are built once from the PyPI sdists (sha256-verified
+against the index) and reused from the mtpq cache; the matrix goes to stdout, progress and timings to
+stderr.
 """
 
 import argparse
@@ -12,18 +12,19 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+from mtpq.apply import matrix
+from mtpq.core import gittree
+from mtpq.core.errors import MtpqError
+from mtpq.core.pin import PIN_FILE, Artifact, load_pins
+from mtpq.core.series import load_series
 
-from mtpq.apply import matrix  # noqa: E402
-from mtpq.core import gittree  # noqa: E402
-from mtpq.core.errors import MtpqError  # noqa: E402
-from mtpq.core.pin import PIN_FILE, Artifact, load_pins  # noqa: E402
-from mtpq.core.series import load_series  # noqa: E402
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rebase_matrix.py", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m benchmarks.rebase_matrix", description=__doc__.split("\n\n")[0]
+    )
     parser.add_argument("--series", metavar="NAME", help="one series, e.g. v0.22.1 (default: every series)")
     parser.add_argument(
         "--releases",

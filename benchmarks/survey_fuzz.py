@@ -1,9 +1,8 @@
-#!/usr/bin/env python3
 """The header survey (vllm/transformers_utils/mtp_checkpoint.py) on hostile inputs: the time and peak
 memory of each worst case, and a longer property run than CI's.
 
-    <test bed>/bin/python benchmarks/survey_fuzz.py bounds
-    <test bed>/bin/python benchmarks/survey_fuzz.py properties [--scale 10]
+    <test bed>/bin/python -m benchmarks.survey_fuzz bounds
+    <test bed>/bin/python -m benchmarks.survey_fuzz properties [--scale 10]
 
 Run with a test bed's interpreter (its vLLM patched: `python tests/run.py --venv`). `bounds` runs each
 case in a fresh process and prints its outcome, wall time and peak RSS above the interpreter's own.
@@ -110,8 +109,7 @@ _CHILD = """
 import json, sys, time
 from pathlib import Path
 from vllm.transformers_utils import mtp_checkpoint as m
-sys.path.insert(0, sys.argv[2])
-from survey_cases import read_header
+from tests.survey_cases import read_header
 def status(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
     return int(line.split()[1])  # KiB
@@ -143,7 +141,8 @@ def bounds() -> int:
             target = _make(case, Path(scratch))
             try:
                 done = subprocess.run(
-                    [sys.executable, "-c", _CHILD, str(target), str(ROOT / "tests")],
+                    [sys.executable, "-c", _CHILD, str(target)],
+                    cwd=ROOT,  # where the child imports tests.survey_cases from
                     capture_output=True,
                     text=True,
                     timeout=120,

@@ -31,13 +31,14 @@ import dataclasses
 import json
 import math
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from tests.commands import run_mtpq
 
 QUANT_FORMATS = ("bf16", "int8_w8a8", "w4a16", "fp8_block")
 IGNORE_STYLES = ("names", "regex", "unlisted")
@@ -1985,20 +1986,9 @@ def verify_engineering(checkpoint_dir: str | Path, prompts=None, num_tokens: int
     )
 
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def run_mtpq(*args: str) -> subprocess.CompletedProcess:
-    """`python -m mtpq ARGS` as a user runs it: with the standard library alone (-S: no site-packages,
-    so no torch, vLLM or regex)."""
-    return subprocess.run(
-        [sys.executable, "-S", "-m", "mtpq", *map(str, args)], cwd=ROOT, capture_output=True, text=True
-    )
-
-
 def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
     """make_checkpoint for the architectures here, qwen3_5_checkpoints' writer for Qwen3.5's."""
-    from qwen3_5_checkpoints import FAMILIES, make_qwen3_5_checkpoint
+    from tests.qwen3_5_checkpoints import FAMILIES, make_qwen3_5_checkpoint
 
     if arch in FAMILIES:
         return make_qwen3_5_checkpoint(arch, out, quant, **options)
@@ -2008,7 +1998,7 @@ def make_any_checkpoint(arch: str, out: Path, quant: str, **options) -> Path:
 def damaged_mtp_tensor(arch: str) -> str:
     """The tensor make_any_checkpoint's damages hit, named within the MTP layer's prefix (the draft's
     name for it ends alike)."""
-    from qwen3_5_checkpoints import FAMILIES, MTP, damaged_tensor
+    from tests.qwen3_5_checkpoints import FAMILIES, MTP, damaged_tensor
 
     if arch in FAMILIES:
         return damaged_tensor(arch).removeprefix(f"{MTP}.")
@@ -2043,7 +2033,7 @@ class CheckpointStore:
             self.built[key] = make_any_checkpoint(arch, out, quant, **options)
             return self.built[key]
         if graft == "by-hand":
-            from qwen3_5_checkpoints import fix_by_hand
+            from tests.qwen3_5_checkpoints import fix_by_hand
 
             self.built[key] = fix_by_hand(self("bf16", arch), self(quant, arch, **options), out / "fixed")
             return self.built[key]

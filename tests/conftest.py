@@ -2,9 +2,15 @@
 clones of them, apply.py runs and vLLM probes.
 
 A session runs for one target (tests/run.py sets MTPQ_TARGET; run directly, it is the vLLM this
-interpreter has): a pinned release whose CPU engine the behaviour tests run. Tests that take
-`release_pin` run once for every release the session covers (served_pins), each with its own series
-(`release_series`).
+interpreter has, or with no vLLM the newest test-bed target): a pinned release whose CPU engine the
+behaviour tests run. Tests that take `release_pin` run once for every release the session covers
+(served_pins), each with its own series (`release_series`).
+
+Tests that need vLLM itself are marked `engine`: those that need the test bed (its vLLM, torch, the CPU
+engine) or a release's sources or wheel, or build the images. This module marks them by module and by
+fixture; a test that reaches a release's sources through mtpq's own code carries the mark itself.
+`python -m pytest -m "not engine"` runs the others, in about a minute, where no vLLM is installed
+(README, "Tests").
 """
 
 from __future__ import annotations
@@ -12,6 +18,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import http.server
+import importlib.util
 import json
 import os
 import shutil
@@ -23,27 +30,55 @@ from pathlib import Path
 
 import pytest
 
+from mtpq.core import gittree, installed
+from mtpq.core.pin import load_pins, version_key
+from mtpq.core.series import load_series
+from tests.probing import ProbeError, run_probe
+from tests.run import ensure_unpatched_vllm
+from tests.run import targets as engine_targets
+
 ROOT = Path(__file__).resolve().parent.parent
-TESTS = ROOT / "tests"
-sys.path.insert(0, str(ROOT))
+VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 
-from mtpq.core import gittree, installed  # noqa: E402
-from mtpq.core.pin import load_pins, version_key  # noqa: E402
-from mtpq.core.series import load_series  # noqa: E402
-
-sys.path.insert(0, str(TESTS))
-from probing import ProbeError, run_probe  # noqa: E402
+# Test modules that need vLLM throughout: they import it or torch at the top, read a release's sources
+# there (test_drafter_matrix.py), apply the series to its trees and installations, or build the images
+# around it (root and buildah too). Where no vLLM is installed they are not collected.
+ENGINE_MODULES = [
+    "test_apply_tree.py",
+    "test_checkpoints.py",
+    "test_crash_safety.py",
+    "test_doctor_copies.py",
+    "test_drafter_matrix.py",
+    "test_dsv4_bf16_mtp.py",
+    "test_dsv4_mtp_ignore_entries.py",
+    "test_e2e_doctor.py",
+    "test_e2e_mtp_acceptance.py",
+    "test_e2e_online_draft_quantization.py",
+    "test_e2e_qwen3_5.py",
+    "test_e2e_tensor_parallel.py",
+    "test_engine_limits.py",
+    "test_images.py",
+    "test_installed.py",
+    "test_mla_stand_in.py",
+    "test_mtp_checkpoint_detector.py",
+    "test_mtp_checkpoint_properties.py",
+    "test_mtp_draft_construction.py",
+    "test_mtp_families.py",
+    "test_speculative_config.py",
+    "test_step3p5_mtp.py",
+]
+# The fixtures that need vLLM: the test bed's (installed_vllm, unpatched_vllm), torch's
+# (engineered_checkpoint), a release's source tree (pinned_tree) or wheel (test_wheel.py's `wheel`). A
+# test that uses one, directly or through another fixture, is `engine` too.
+ENGINE_FIXTURES = {"installed_vllm", "unpatched_vllm", "engineered_checkpoint", "pinned_tree", "wheel"}
 
 
 def target_version() -> str:
     if explicit := os.environ.get("MTPQ_TARGET"):
         return explicit
+    if not VLLM_INSTALLED:
+        return engine_targets()[-1].version
     return installed.installed_version(installed.find_installation(sys.executable))
-
-
-def engine_targets() -> list:
-    """The pinned releases with a CPU build to run the tests on, oldest first."""
-    return [pin for pin in load_pins().values() if "cpu-wheel-x86_64" in pin.artifacts]
 
 
 def is_newest_target() -> bool:
@@ -60,7 +95,16 @@ NEWEST_TARGET_ONLY = [
     "test_upstream.py",
     "test_vllm_suite.py",
 ]
-collect_ignore = [] if is_newest_target() else NEWEST_TARGET_ONLY
+collect_ignore = [
+    *([] if is_newest_target() else NEWEST_TARGET_ONLY),
+    *([] if VLLM_INSTALLED else ENGINE_MODULES),
+]
+
+
+def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.path.name in ENGINE_MODULES or ENGINE_FIXTURES.intersection(item.fixturenames):
+            item.add_marker(pytest.mark.engine)
 
 
 def served_pins() -> list:
@@ -118,11 +162,16 @@ def newest_pin():
 
 
 @pytest.fixture(scope="session")
-def engine_series():
+def installed_vllm() -> installed.Installation:
+    """The test bed's vLLM: this interpreter's (tests/run.py patches it with `apply.py --installed`)."""
+    return installed.find_installation(sys.executable)
+
+
+@pytest.fixture(scope="session")
+def engine_series(installed_vllm):
     """The test bed's vLLM, its pin and the series serving its release."""
-    installation = installed.find_installation(sys.executable)
     pin = load_pins()[target_version()]
-    return installation, pin, load_series(pin.series_dir)
+    return installed_vllm, pin, load_series(pin.series_dir)
 
 
 @pytest.fixture(scope="session")
@@ -193,28 +242,25 @@ def unpatched_vllm() -> Path:
     """The engine wheel's vllm package, untouched; put first on PYTHONPATH to run unpatched."""
     if explicit := os.environ.get("MTPQ_UNPATCHED_VLLM"):
         return Path(explicit)
-    from run import ensure_unpatched_vllm
-
     return ensure_unpatched_vllm(load_pins()[target_version()])
 
 
 @pytest.fixture(scope="session")
-def vllm_probe(series, unpatched_vllm):
+def vllm_probe(series, unpatched_vllm, installed_vllm):
     """Run tests/probes/<name>.py under the patched or unpatched vLLM; return its JSON verdict.
 
     The patched vLLM is this interpreter's site-packages (patched by tests/run.py through
     `apply.py --installed`); the fixture refuses to run if that is not fully in place.
     """
-    site_vllm = installed.find_installation(sys.executable)
-    if not all(r.ok for r in installed.verify_installed(site_vllm, series)):
-        pytest.fail(f"the series is not in place in {site_vllm.package_dir}: run `python tests/run.py`")
+    if not all(r.ok for r in installed.verify_installed(installed_vllm, series)):
+        pytest.fail(f"the series is not in place in {installed_vllm.package_dir}: run `python tests/run.py`")
     cache: dict[tuple, dict] = {}
 
     def probe(name: str, variant: str, *args: str) -> dict:
         key = (name, variant, args)
         if key not in cache:
             try:
-                cache[key] = run_probe(name, variant, unpatched_vllm, site_vllm.package_dir, *args)
+                cache[key] = run_probe(name, variant, unpatched_vllm, installed_vllm.package_dir, *args)
             except ProbeError as error:
                 pytest.fail(str(error))
         return cache[key]
@@ -258,7 +304,7 @@ def index(tmp_path, monkeypatch):
 @pytest.fixture(scope="session")
 def engineered_checkpoint(tmp_path_factory):
     """checkpoints.CheckpointStore for this session: each engineered (or grafted) checkpoint once."""
-    import checkpoints
+    from tests import checkpoints
 
     store = checkpoints.CheckpointStore(tmp_path_factory.mktemp, stock_vllm=target_version())
 
@@ -277,7 +323,7 @@ def engine_run(vllm_probe, engineered_checkpoint):
     """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
     every planned run of its kind (variant and tensor-parallel size) in one probe process; a run without
     MTP, in no plan, runs alone."""
-    from e2e_cases import engine_plan, engine_specs
+    from tests.e2e_cases import engine_plan, engine_specs
 
     plan = engine_plan(target_version(), newest_target=is_newest_target())
     reports: dict[str, dict] = {}

@@ -20,14 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mtpq.core.download import fetch
+from mtpq.core.installed import STATE_DIR_NAME
+from mtpq.core.series import load_series
+
 ROOT = Path(__file__).resolve().parent.parent
 KILLER = ROOT / "tests" / "kill_at_step.py"
 APPLY = ROOT / "apply.py"
-sys.path.insert(0, str(ROOT))
-
-from mtpq.core.download import fetch  # noqa: E402
-from mtpq.core.installed import STATE_DIR_NAME  # noqa: E402
-from mtpq.core.series import load_series  # noqa: E402
 
 
 def git(tree: Path, *args: str) -> str:

@@ -14,7 +14,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-PROBES = Path(__file__).resolve().parent / "probes"
+ROOT = Path(__file__).resolve().parent.parent
+PROBES = ROOT / "tests" / "probes"
 VARIANTS = ("unpatched", "patched")
 
 
@@ -25,6 +26,12 @@ _MTP_DRAFT_NAME = re.compile(r"^\w+ \(MTP draft of [^)]*\): ")
 
 class ProbeError(RuntimeError):
     pass
+
+
+def probe_pythonpath(*first: Path) -> str:
+    """PYTHONPATH for a probe process: `first`, then the checkout, where the probes import the `mtpq` and
+    `tests` packages from."""
+    return os.pathsep.join(map(str, [*first, ROOT]))
 
 
 def without_mtp_draft_name(error: str) -> str:
@@ -39,7 +46,7 @@ def run_probe(name: str, variant: str, unpatched_vllm: Path, patched_vllm: Path,
     vllm_dir = unpatched_vllm if variant == "unpatched" else patched_vllm
     env = {
         **os.environ,
-        "PYTHONPATH": str(unpatched_vllm) if variant == "unpatched" else "",
+        "PYTHONPATH": probe_pythonpath(*([unpatched_vllm] if variant == "unpatched" else [])),
         # vLLM caches model-class checks by each model file's hash, one entry per class: one cache
         # per test bed and variant keeps alternating variants, or the other target's sessions, from
         # re-checking every architecture (~20 s each) at every switch.

@@ -38,7 +38,9 @@ import shutil
 from pathlib import Path
 
 import torch
-from checkpoints import (
+from safetensors.torch import save_file
+
+from tests.checkpoints import (
     EOS_TOKEN_ID,
     HIDDEN_SIZE,
     MAIN_SUBLAYER_GAIN,
@@ -62,7 +64,6 @@ from checkpoints import (
     chain_embeddings,
     damage_tensor,
 )
-from safetensors.torch import save_file
 
 FAMILIES = ("qwen3_5", "qwen3_5_moe", "qwen3_next", "interns2_mobius")
 MOE_FAMILIES = ("qwen3_5_moe", "qwen3_next", "interns2_mobius")

@@ -30,7 +30,8 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if __name__ == "__main__":  # `python tests/run.py`: the checkout's mtpq, as `python apply.py` has it
+    sys.path.insert(0, str(ROOT))
 
 from mtpq.core.download import cache_root, fetch, pip_environment  # noqa: E402
 from mtpq.core.pin import Pin, load_pins  # noqa: E402

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git
 
 from mtpq.core.pin import load_pins, newest_pin
 from mtpq.core.series import load_series
+from tests.conftest import ROOT, git
 
 
 def statuses(stdout: str) -> dict[str, str]:

@@ -7,7 +7,8 @@ its own weights zeroed or replaced by garbage it drafts nothing right, so a brok
 from __future__ import annotations
 
 import pytest
-from checkpoints import CHECKPOINT_ARCHITECTURES, make_checkpoint, verify_engineering
+
+from tests.checkpoints import CHECKPOINT_ARCHITECTURES, make_checkpoint, verify_engineering
 
 
 # The quantized variants change only the main layers' Linears (checked end to end: same output).

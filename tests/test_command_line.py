@@ -8,10 +8,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
-from header_checkpoints import LAYOUTS, compressed_tensors, write_checkpoint
 
 from mtpq import __version__
+from tests.conftest import ROOT
+from tests.header_checkpoints import LAYOUTS, compressed_tensors, write_checkpoint
 
 MTPQ = [sys.executable, "-S", "-m", "mtpq"]
 APPLY = [sys.executable, str(ROOT / "apply.py")]

@@ -11,9 +11,10 @@ import sys
 import time
 from pathlib import Path
 
-import faults
 import pytest
-from conftest import ROOT, git
+
+from tests import faults
+from tests.conftest import ROOT, git
 
 SAMPLE = 4  # steps spread over each run, besides its key steps
 

@@ -12,9 +12,22 @@ import sys
 import time
 
 import pytest
-from checkpoints import run_mtpq
-from conftest import ROOT
-from header_checkpoints import (
+
+from mtpq.checkpoint import doctor
+from mtpq.checkpoint.files import MAX_HEADER_BYTES, CheckpointError
+from mtpq.checkpoint.survey import (
+    SURVEY_PATH,
+    SurveyLoadError,
+    load_survey,
+    module_source,
+    series_source,
+    series_survey,
+    survey_patch,
+)
+from mtpq.core.pin import load_pins, newest_pin
+from tests.commands import run_mtpq
+from tests.conftest import ROOT
+from tests.header_checkpoints import (
     COMPRESSED_TENSORS,
     DSV3_FP8_CONFIG,
     INDEX_FILE,
@@ -29,19 +42,6 @@ from header_checkpoints import (
     write_deepseek_v3_shaped,
     write_safetensors,
 )
-
-from mtpq.checkpoint import doctor
-from mtpq.checkpoint.files import MAX_HEADER_BYTES, CheckpointError
-from mtpq.checkpoint.survey import (
-    SURVEY_PATH,
-    SurveyLoadError,
-    load_survey,
-    module_source,
-    series_source,
-    series_survey,
-    survey_patch,
-)
-from mtpq.core.pin import load_pins, newest_pin
 
 OLDEST, NEWEST = "0.22.1", "0.33.0"
 
@@ -719,25 +719,24 @@ def test_a_deepseek_v3_sized_release_is_judged_from_its_headers_alone(tmp_path):
 # --- the survey is the series' ---------------------------------------------------------------------
 
 
-def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin):
+def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin, installed_vllm):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
     subprocess.run(["git", "-C", str(tmp_path), "apply", str(survey_patch())], check=True)
     applied = (tmp_path / SURVEY_PATH).read_text()
 
     assert module_source(survey_patch()) == applied
     assert survey_patch().parent == newest_pin().series_dir == ROOT / "patches" / "v0.33.0"
-    # The decision for this test bed's release is taken from the series its vLLM carries.
-    import vllm.transformers_utils.mtp_checkpoint as installed
-
-    # What the doctor runs is the file the series leaves (0001a and 0021 add to it): the installed one,
+    # The decision for this test bed's release is taken from the series its vLLM carries. What the
+    # doctor runs is the file the series leaves (0001a and 0021 add to it): the installed one,
     # character for character.
-    assert open(installed.__file__).read() == series_source(pin.series_dir)
+    assert (installed_vllm.site / SURVEY_PATH).read_text() == series_source(pin.series_dir)
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
 
 
-def test_the_doctor_bounds_headers_as_patched_vllm_does():
+def test_the_doctor_bounds_headers_as_patched_vllm_does(installed_vllm):
     """The doctor reads headers itself (standard library only), with the limit the newest series'
-    0000 gives vLLM's reader: a header vLLM refuses is a doctor finding, and no more."""
+    0000 gives vLLM's reader (the test bed's, `installed_vllm`): a header vLLM refuses is a doctor
+    finding, and no more."""
     from vllm.transformers_utils import utils as vllm_utils
 
     if not hasattr(vllm_utils, "MAX_SAFETENSORS_HEADER_BYTES"):

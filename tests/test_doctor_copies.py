@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 from types import SimpleNamespace
 
-import header_checkpoints
 import pytest
-from conftest import ROOT, target_version
-from header_checkpoints import QUARK_FP8, QUARK_FP8_WEIGHT, QUARK_INT8, QUARK_INT8_WEIGHT, quark_entry
-from survey_cases import mutate, random_header
 
 from mtpq.checkpoint import doctor, facts, files, matching
+from tests import header_checkpoints
+from tests.conftest import ROOT, target_version
+from tests.header_checkpoints import QUARK_FP8, QUARK_FP8_WEIGHT, QUARK_INT8, QUARK_INT8_WEIGHT, quark_entry
+from tests.survey_cases import mutate, random_header
 
 vllm_utils = pytest.importorskip("vllm.transformers_utils.utils")
 with_patch_0000 = pytest.mark.skipif(

@@ -9,10 +9,10 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
 
 from mtpq.core.download import DEFAULT_INDEX_URL, DownloadError, fetch, index_url, pip_environment
 from mtpq.core.pin import Artifact, load_pins
+from tests.conftest import ROOT
 
 GOOD = b"the pinned artifact\n"
 

@@ -16,13 +16,13 @@ import re
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, target_version
-from e2e_cases import CANNOT_RUN, E2E_FAMILIES, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
 from mtpq.checkpoint import survey
 from mtpq.core import gittree
 from mtpq.core.pin import load_pins
 from mtpq.upstream import drafters
+from tests.conftest import ROOT, target_version
+from tests.e2e_cases import CANNOT_RUN, E2E_FAMILIES, MLA_CANNOT_RUN, QWEN3_5_FAMILIES
 
 SECTION = "drafter_matrix"
 TARGET = target_version()

@@ -11,7 +11,8 @@ in for. The BF16 path is the v0.22.1 series' (patch 0008) there and upstream's o
 from __future__ import annotations
 
 import pytest
-from probing import without_mtp_draft_name
+
+from tests.probing import without_mtp_draft_name
 
 SECTION = "dsv4"
 DRAFT_LAYER = "model.layers.2"

@@ -10,8 +10,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from checkpoints import run_mtpq
-from e2e_cases import (
+
+from tests.commands import run_mtpq
+from tests.e2e_cases import (
     CASES,
     E2E_FAMILIES,
     EXAONE_MOE_NAMED_IN_IGNORE,
@@ -27,7 +28,7 @@ from e2e_cases import (
     baseline,
     own_scheme_reference,
 )
-from test_e2e_mtp_acceptance import cpu_cannot_run
+from tests.test_e2e_mtp_acceptance import cpu_cannot_run
 
 # Stock vLLM's failure on a Qwen3.5 config declaring two MTP layers is the tiny model's KV-cache grouping
 # (e2e_cases.QWEN3_5_BAD_INPUT), which the doctor does not model.

@@ -10,14 +10,15 @@ MTP lossless without a second engine run. The runs of one vLLM variant share one
 from __future__ import annotations
 
 import pytest
-from checkpoints import (
+
+from tests.checkpoints import (
     NUM_HIDDEN_LAYERS,
     damaged_mtp_tensor,
     default_prompts,
     expected_continuation,
     load_successor,
 )
-from e2e_cases import (
+from tests.e2e_cases import (
     AS_DEQUANTIZED_REFERENCE,
     BAD_LAYOUTS,
     CASES,

@@ -7,8 +7,19 @@ stock vLLM has no such option. The runs share the probe processes of the other e
 from __future__ import annotations
 
 import pytest
-from e2e_cases import ONLINE_DRAFT_CASES, STOCK_ONLINE_DRAFT, EngineRun, OnlineDraftCase, online_draft_runs
-from test_e2e_mtp_acceptance import assert_full_acceptance_and_lossless, assert_stock_result, cpu_cannot_run
+
+from tests.e2e_cases import (
+    ONLINE_DRAFT_CASES,
+    STOCK_ONLINE_DRAFT,
+    EngineRun,
+    OnlineDraftCase,
+    online_draft_runs,
+)
+from tests.test_e2e_mtp_acceptance import (
+    assert_full_acceptance_and_lossless,
+    assert_stock_result,
+    cpu_cannot_run,
+)
 
 # A draft quantized online may lose this much acceptance against the BF16 draft (on these engineered
 # checkpoints the BF16 draft accepts every token).

@@ -15,8 +15,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from checkpoints import run_mtpq
-from e2e_cases import (
+
+from tests.commands import run_mtpq
+from tests.e2e_cases import (
     QWEN3_5_BAD_INPUT,
     QWEN3_5_CASES,
     QWEN3_5_EXPORT,
@@ -26,8 +27,8 @@ from e2e_cases import (
     EngineRun,
     baseline,
 )
-from qwen3_5_checkpoints import INDEX_FILE, MTP_CONFIG_KEYS, MTP_FILE
-from test_e2e_mtp_acceptance import (
+from tests.qwen3_5_checkpoints import INDEX_FILE, MTP_CONFIG_KEYS, MTP_FILE
+from tests.test_e2e_mtp_acceptance import (
     assert_auto_reaches_the_bf16_acceptance,
     assert_full_acceptance_and_lossless,
     assert_stock_result,

@@ -7,14 +7,15 @@ parameters), and MTP stays lossless. Collected on the newest test-bed target onl
 from __future__ import annotations
 
 import pytest
-from e2e_cases import (
+
+from tests.e2e_cases import (
     TENSOR_PARALLEL_CASES,
     TENSOR_PARALLEL_SIZE,
     TENSOR_PARALLEL_STOCK_CASES,
     Case,
     EngineRun,
 )
-from test_e2e_mtp_acceptance import UNQUANTIZED, assert_full_acceptance_and_lossless
+from tests.test_e2e_mtp_acceptance import UNQUANTIZED, assert_full_acceptance_and_lossless
 
 
 @pytest.mark.parametrize("case", TENSOR_PARALLEL_CASES, ids=Case.name)

@@ -13,7 +13,8 @@ import importlib
 
 import pytest
 import torch
-from conftest import target_version
+
+from tests.conftest import target_version
 
 TARGET = target_version()
 HEADS, HEAD_DIM, TOKENS = 2, 32, 1

@@ -15,13 +15,19 @@ import tracemalloc
 from pathlib import Path
 
 import pytest
-from checkpoints import run_mtpq
-from conftest import ROOT
-from header_checkpoints import DSV3_FP8_CONFIG, INDEX_FILE, LAYOUTS, compressed_tensors, write_checkpoint
 
 from mtpq.checkpoint import graft as grafting
 from mtpq.checkpoint.doctor import WORKS, diagnose
 from mtpq.checkpoint.reader import read_checkpoint
+from tests.commands import run_mtpq
+from tests.conftest import ROOT
+from tests.header_checkpoints import (
+    DSV3_FP8_CONFIG,
+    INDEX_FILE,
+    LAYOUTS,
+    compressed_tensors,
+    write_checkpoint,
+)
 
 MTP_FIELDS = {
     "mimo": ["num_nextn_predict_layers"],

@@ -17,9 +17,11 @@ import time
 from pathlib import Path
 
 import pytest
-from checkpoints import run_mtpq
-from conftest import ROOT
-from header_checkpoints import (
+
+from mtpq.core.download import cache_root, pip_environment
+from tests.commands import run_mtpq
+from tests.conftest import ROOT
+from tests.header_checkpoints import (
     DSV3_FP8_CONFIG,
     INDEX_FILE,
     LAYOUTS,
@@ -29,12 +31,10 @@ from header_checkpoints import (
     write_deepseek_v3_shaped,
     write_safetensors,
 )
-from hub_server import TOKEN, HubServer
-from run import READY
-from test_doctor import export_without_mtp, quantized
-from test_graft import bf16_release, export, tensor_bytes
-
-from mtpq.core.download import cache_root, pip_environment
+from tests.hub_server import TOKEN, HubServer
+from tests.run import READY
+from tests.test_doctor import export_without_mtp, quantized
+from tests.test_graft import bf16_release, export, tensor_bytes
 
 pytest.importorskip("huggingface_hub")  # the test bed has it; `pip install 'mtpq[hub]'` elsewhere
 

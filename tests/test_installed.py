@@ -5,10 +5,10 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from faults import Environment, fingerprint
 
 from mtpq.core import installed
 from mtpq.core.installed import STATE_DIR_NAME
+from tests.faults import Environment, fingerprint
 
 
 @pytest.fixture

@@ -8,8 +8,9 @@ import importlib
 
 import pytest
 import torch
-from checkpoints import MLA_SIZES, NUM_ATTENTION_HEADS, causal_attention
-from mla_stand_in import absorb, decode, expand_latent, prefill, write_latent_cache
+
+from tests.checkpoints import MLA_SIZES, NUM_ATTENTION_HEADS, causal_attention
+from tests.mla_stand_in import absorb, decode, expand_latent, prefill, write_latent_cache
 
 ENTRY = MLA_SIZES.kv_lora_rank + MLA_SIZES.qk_rope_head_dim  # the CPU decode kernel's only size
 BLOCK_SIZE = 16  # the CPU platform's block size for MLA

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import save_file
-from survey_cases import MAX_HEADER_BYTES, read_header
 from vllm.transformers_utils import mtp_checkpoint
+
+from tests.survey_cases import MAX_HEADER_BYTES, read_header
 
 NUM_HIDDEN_LAYERS = 2
 OUT, IN = 16, 64  # every synthetic Linear is IN -> OUT

@@ -7,9 +7,10 @@ from __future__ import annotations
 import os
 
 import pytest
-import survey_cases as cases
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
+from tests import survey_cases as cases
 
 # benchmarks/survey_fuzz.py: that many times the inputs, from a random seed.
 SCALE = int(os.environ.get("MTPQ_SURVEY_SCALE", "1"))

@@ -12,7 +12,6 @@ import tarfile
 from pathlib import Path
 
 import pytest
-from conftest import ROOT, git
 
 from mtpq.apply import matrix
 from mtpq.core import gittree
@@ -20,6 +19,7 @@ from mtpq.core.download import DownloadError
 from mtpq.core.gittree import MTPQ_IDENT
 from mtpq.core.pin import Artifact, Pin, load_pins
 from mtpq.core.series import load_series
+from tests.conftest import ROOT, git
 
 IDENTITY = {**os.environ, **MTPQ_IDENT}
 DEP3 = "Origin: vendor\nForwarded: no\nBug: none\nApplied-Upstream: no\nLast-Update: 2026-01-01\n"
@@ -209,8 +209,10 @@ def test_an_unknown_release_is_a_clear_error():
 
 
 def run_script(*args: str) -> subprocess.CompletedProcess:
-    script = ROOT / "benchmarks" / "rebase_matrix.py"
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True)
+    """benchmarks/rebase_matrix.py as its docstring says to run it."""
+    return subprocess.run(
+        [sys.executable, "-m", "benchmarks.rebase_matrix", *args], cwd=ROOT, capture_output=True, text=True
+    )
 
 
 @pytest.fixture

@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 
 import pytest
-from probes.mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG
 from safetensors.torch import load_file, save_file
+
+from tests.probes.mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG
 
 PROBE = "speculative_config"
 MTP = {"method": "mtp", "num_speculative_tokens": 2}

@@ -16,7 +16,8 @@ whatever the decision: only the decoder block follows the checkpoint.
 from __future__ import annotations
 
 import pytest
-from probing import without_mtp_draft_name
+
+from tests.probing import without_mtp_draft_name
 
 SECTION = "step3p5"
 MTP_LAYER = "model.layers.1"

@@ -10,12 +10,12 @@ from __future__ import annotations
 import sys
 
 import pytest
-from checkpoints import run_mtpq
-from series_edits import add_new_file
 
 from mtpq.core.pin import load_pins, newest_pin
 from mtpq.core.series import SeriesError, load_series
 from mtpq.upstream import lint, native_tests, pull_requests
+from tests.commands import run_mtpq
+from tests.series_edits import add_new_file
 
 
 @pytest.fixture(scope="module")
@@ -128,6 +128,7 @@ def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_c
 REPORTED_ONLY = {"check-test-tethering"}
 
 
+@pytest.mark.engine  # lints the release's sources with its hooks (they need regex)
 def test_upstreams_linters_pass_on_the_series(upstream_series):
     pin = newest_pin(load_pins())
     results = lint.lint(pin, upstream_series, sys.executable)
@@ -138,6 +139,7 @@ def test_upstreams_linters_pass_on_the_series(upstream_series):
     }
 
 
+@pytest.mark.engine  # lints the release's sources with its hooks (they need regex)
 def test_upstreams_linters_name_a_file_without_an_spdx_header(upstream_series, series_copy):
     directory = series_copy(upstream_series)
     last = upstream_series.patches[-1]

@@ -5,10 +5,9 @@ the release's record (mtpq/upstream/vllm_suite_stock/<release>.json, written by 
 
 from __future__ import annotations
 
-from series_edits import change_file
-
 from mtpq.core.series import load_series
 from mtpq.upstream import vllm_suite
+from tests.series_edits import change_file
 
 
 def test_no_vllm_test_that_passes_on_stock_fails_with_the_series(engine_series):

@@ -30,13 +30,15 @@ import contextlib
 import functools
 import json
 import re
-import sys
 import tempfile
 from pathlib import Path
 from unittest import mock
 
 import torch
-from mtp_vllm import (
+from safetensors.torch import save_file
+
+from mtpq.upstream.drafters import Drafter, directory_reader, read_drafters
+from tests.probes.mtp_vllm import (
     CT_FP8_BLOCK_GROUP,
     INT8_W8A8_QUANTIZATION_CONFIG,
     build_mtp_draft,
@@ -49,10 +51,6 @@ from mtp_vllm import (
     load_mtp_draft_weights,
     mla_wrapper_stand_ins,
 )
-from safetensors.torch import save_file
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from mtpq.upstream.drafters import Drafter, directory_reader, read_drafters  # noqa: E402
 
 # Size attributes of config classes, shrunk so every drafter builds in well under a second. Widths
 # are multiples of 16 (INT8 channels, head dims); one expert group.

@@ -35,9 +35,10 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-from mtp_draft_construction import CONSTRUCTION_ONLY
-from mtp_vllm import CT_FP8_BLOCK_GROUP, build_and_load, deepseek_v4_stand_ins, failure
 from safetensors.torch import save_file
+
+from tests.probes.mtp_draft_construction import CONSTRUCTION_ONLY
+from tests.probes.mtp_vllm import CT_FP8_BLOCK_GROUP, build_and_load, deepseek_v4_stand_ins, failure
 
 # Per attention layer of DeepSeek-V4-Flash: 64 heads of 512 (448 NoPE + 64 RoPE) in 8 output
 # groups, o_lora_rank 1024. "flash_ratios" keeps every ratio at an eighth of the width.

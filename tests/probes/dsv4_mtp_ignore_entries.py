@@ -21,8 +21,9 @@ import tempfile
 from pathlib import Path
 
 import torch
-from mtp_draft_construction import CONSTRUCTION_ONLY
-from mtp_vllm import build_mtp_draft, deepseek_v4_stand_ins, failure
+
+from tests.probes.mtp_draft_construction import CONSTRUCTION_ONLY
+from tests.probes.mtp_vllm import build_mtp_draft, deepseek_v4_stand_ins, failure
 
 # Ways a checkpoint leaves its BF16 MTP layer (``mtp.0.*``) out of quantization.
 IGNORE_SCENARIOS = {

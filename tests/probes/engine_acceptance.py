@@ -36,14 +36,11 @@ import time
 import traceback
 from contextlib import ExitStack
 from itertools import zip_longest
-from pathlib import Path
 
 # Before vllm is imported: the CPU KV cache defaults to several GiB.
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: checkpoints
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/probes/: mtp_vllm
-from checkpoints import default_prompts  # noqa: E402
+from tests.checkpoints import default_prompts
 
 _COUNTERS = {
     "num_drafts": "vllm:spec_decode_num_drafts",
@@ -169,7 +166,8 @@ def describe_draft(worker) -> dict:
     """On one worker: its rank, the draft quantization its config resolved, the quant method of each
     of its draft's linears and the shapes of its draft parameters (sharded under tensor parallelism)."""
     import torch.distributed
-    from mtp_vllm import describe_linears
+
+    from tests.probes.mtp_vllm import describe_linears
 
     speculative = worker.vllm_config.speculative_config
     decision = getattr(speculative, "draft_quant_decision", None)
@@ -236,8 +234,9 @@ def in_process_executor():
 
 
 def run_one(spec: dict, in_process: bool) -> dict:
-    from mtp_vllm import inspect_mtp_classes_in_process
     from vllm import LLM, SamplingParams
+
+    from tests.probes.mtp_vllm import inspect_mtp_classes_in_process
 
     engine_args = {
         "model": spec["model"],

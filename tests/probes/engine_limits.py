@@ -21,13 +21,10 @@ from pathlib import Path
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: checkpoints
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/probes/: drafter_matrix
 
-import drafter_matrix  # noqa: E402
-from checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer  # noqa: E402
-
-from mtpq.upstream.drafters import directory_reader, read_drafters  # noqa: E402
+from mtpq.upstream.drafters import directory_reader, read_drafters
+from tests.checkpoints import HEAD_DIM, MLA_SIZES, _write_tokenizer
+from tests.probes import drafter_matrix
 
 # Fields a drafter's target model reads that the drafter matrix's config (its class's defaults) leaves
 # unset: LongCat-Flash's release sets its zero experts to identity; MiniMax-M3's target builds its vision

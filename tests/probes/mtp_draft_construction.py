@@ -21,7 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from mtp_vllm import (
+from safetensors.torch import save_file
+
+from tests.probes.mtp_vllm import (
     CT_FP8_BLOCK_GROUP,
     INT8_W8A8_QUANTIZATION_CONFIG,
     build_mtp_draft,
@@ -31,7 +33,6 @@ from mtp_vllm import (
     failure,
     mla_wrapper_stand_ins,
 )
-from safetensors.torch import save_file
 
 # Every checkpoint here keeps its routed experts in BF16 and ignores them, as quantizers often do:
 # the scenarios are about the MTP layer's linears. Shared experts stay quantizable, and the MoE

@@ -35,12 +35,13 @@ SECTIONS = {
 
 def main(sections: list[str]) -> None:
     import vllm
-    from mtp_vllm import init_single_process_distributed
+
+    from tests.probes.mtp_vllm import init_single_process_distributed
 
     init_single_process_distributed()
     result = {"vllm_file": vllm.__file__}
     for section in sections or SECTIONS:
-        result[section] = importlib.import_module(SECTIONS[section]).probe()
+        result[section] = importlib.import_module(f"tests.probes.{SECTIONS[section]}").probe()
     sys.stdout.flush()
     print(json.dumps(result, sort_keys=True))
 

@@ -30,8 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from mtp_vllm import build_and_load, failure, kernel_choice_stand_ins, mla_wrapper_stand_ins
 from safetensors.torch import save_file
+
+from tests.probes.mtp_vllm import build_and_load, failure, kernel_choice_stand_ins, mla_wrapper_stand_ins
 
 HIDDEN = 128  # a multiple of every format's group or block (NVFP4 16, INT4 128, FP8 128x128)
 INTERMEDIATE = 256

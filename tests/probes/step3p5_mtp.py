@@ -27,8 +27,14 @@ import traceback
 from pathlib import Path
 
 import torch
-from mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG, build_and_load, failure, has_draft_quant_config
 from safetensors.torch import save_file
+
+from tests.probes.mtp_vllm import (
+    INT8_W8A8_QUANTIZATION_CONFIG,
+    build_and_load,
+    failure,
+    has_draft_quant_config,
+)
 
 NUM_HIDDEN_LAYERS = 1
 MTP_LAYER = f"model.layers.{NUM_HIDDEN_LAYERS}"
