@@ -121,6 +121,15 @@ def served_pins() -> list:
     ]
 
 
+def pytest_addoption(parser):
+    parser.addoption(
+        "--update-drafter-matrix",
+        action="store_true",
+        help="tests/test_drafter_matrix.py records the rows it finds for this target in "
+        "mtpq/upstream/drafter_matrix.json and regenerates README.md's drafter tables from the record",
+    )
+
+
 def pytest_generate_tests(metafunc):
     if "release_pin" in metafunc.fixturenames:
         releases = served_pins()

@@ -143,7 +143,7 @@ def test_ignore_and_targets_match_as_vllms_compressed_tensors_matcher_does():
             ignore_entries=lambda entries=entries: ("ignore", entries),
             quantization={"config_groups": {"group_0": {"targets": targets}}},
         )
-        ours = doctor._ignored(checkpoint, shard, INSTALLED)
+        ours = doctor._ignored(checkpoint, shard, facts.Release.of(INSTALLED, None, "cpu"))
         try:
             theirs = ct_utils.should_ignore_layer(layer, entries, FUSED_MAPPING)
         except ValueError as error:
@@ -215,7 +215,7 @@ def test_the_doctors_words_for_stock_vllms_index_error_are_vllms():
         Path(vllm_utils.__file__).parents[1] / "model_executor" / "model_loader" / "weight_utils.py"
     )
     source = joined_literals(weight_utils.read_text())
-    words = facts.since(INSTALLED, facts.STOCK_INDEX_FILE_MISSING)
+    words = facts.Release.of(INSTALLED, None, "cpu").stock_index_file_missing
     assert words in source if words else "referenced in index but missing" not in source
 
 

@@ -6,19 +6,20 @@ per drafter and variant with the registry key in its id. The ``drafter_matrix`` 
 tests/probes/mtp_drafts.py builds each on CPU as the proposer does, from a tiny config of its target
 architecture (compressed-tensors INT8 W8A8); with the series the draft is unquantized, or cannot be
 built on CPU for the reason recorded; stock vLLM builds it quantized (or fails as recorded). The record
-(mtpq/upstream/drafter_matrix.json) is what the README's table is generated from.
+(mtpq/upstream/drafter_matrix.json) is what the README's table is generated from; with
+--update-drafter-matrix (a conftest.py option) this session records the rows it finds and regenerates
+the README's tables, and the checks then run against that record.
 """
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 
 import pytest
 
 from mtpq.checkpoint import survey
-from mtpq.core import gittree
+from mtpq.core import crashsafe, gittree
 from mtpq.core.pin import load_pins
 from mtpq.upstream import drafters
 from tests.conftest import ROOT, target_version
@@ -94,6 +95,11 @@ OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
 # compressed-tensors pairs' regexes of the layer's root reach the block either way.
 README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
 README_END = "<!-- drafter-matrix:end -->"
+UPDATE = "--update-drafter-matrix"
+NOT_RECORDED = (
+    "the drafter matrix record differs: once the rows found are understood, record them with "
+    f"`python3 tests/run.py --target {TARGET} tests/test_drafter_matrix.py {UPDATE}`"
+)
 
 
 def _target_drafters() -> list[drafters.Drafter]:
@@ -288,13 +294,29 @@ def live_rows(mtp_drafts, is_mtp_tensor) -> dict[str, dict[str, str]]:
     return rows
 
 
+def readme_tables_span(readme: str) -> tuple[int, int]:
+    """Where README.md's generated drafter tables lie, between its markers."""
+    return readme.index(README_START) + len(README_START), readme.index(README_END)
+
+
+def generated_tables() -> str:
+    return drafters.render_matrix(load_pins(), drafters.load_record())
+
+
+def write_readme_tables(tables: str, readme: Path = ROOT / "README.md") -> None:
+    text = readme.read_text(encoding="utf-8")
+    start, end = readme_tables_span(text)
+    crashsafe.write_atomic(readme, f"{text[:start]}\n{tables.strip()}\n{text[end:]}".encode())
+
+
 @pytest.fixture(scope="module")
-def recorded(live_rows) -> dict[str, dict[str, str]]:
-    record = drafters.load_record().get(TARGET, {})
-    if record != live_rows:
-        # What to commit once the differences below are understood.
-        print(json.dumps({TARGET: live_rows}, indent=1, sort_keys=True))
-    return record
+def recorded(request, live_rows) -> dict[str, dict[str, str]]:
+    """This target's record; with --update-drafter-matrix, the rows found, recorded first, and the
+    README's tables generated from the record."""
+    if request.config.getoption(UPDATE):
+        drafters.save_record(TARGET, live_rows)
+        write_readme_tables(generated_tables())
+    return drafters.load_record().get(TARGET, {})
 
 
 def test_the_e2e_targets_are_the_e2e_architectures():
@@ -305,7 +327,7 @@ def test_the_e2e_targets_are_the_e2e_architectures():
 def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_draft(
     mtp_drafts, recorded, live_rows, key
 ):
-    assert key in recorded, f"{key} is not in the drafter matrix record"
+    assert key in recorded, f"{key} is not in the drafter matrix record; {NOT_RECORDED}"
     run = mtp_drafts("patched")[SECTION][key]
     assert live_rows[key]["patched"] in (drafters.UNQUANTIZED, recorded[key]["patched"])
     if live_rows[key]["patched"] == drafters.UNQUANTIZED:
@@ -314,7 +336,7 @@ def test_patched_bf16_mtp_layer_under_a_quantized_target_builds_an_unquantized_d
     else:
         # Not built on CPU: the reason the matrix records.
         assert live_rows[key]["patched"].startswith(drafters.NOT_BUILT)
-    assert live_rows[key] == recorded[key]
+    assert live_rows[key] == recorded[key], NOT_RECORDED
 
 
 @pytest.mark.parametrize("key", DRAFTERS)
@@ -341,7 +363,7 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
 
 @pytest.mark.parametrize("key", DRAFTERS)
 def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
-    assert key in recorded, f"{key} is not in the drafter matrix record"
+    assert key in recorded, f"{key} is not in the drafter matrix record; {NOT_RECORDED}"
     stock_columns = (
         "stock",
         "own_scheme_stock",
@@ -351,7 +373,7 @@ def test_stock_builds_the_draft_as_recorded(recorded, live_rows, key):
     )
     assert {column: live_rows[key][column] for column in stock_columns} == {
         column: recorded[key].get(column) for column in stock_columns
-    }
+    }, NOT_RECORDED
 
 
 def test_every_drafter_of_a_served_release_is_in_the_matrix(release_pin):
@@ -386,19 +408,41 @@ def test_a_registry_drafter_the_matrix_does_not_cover_fails(tmp_path):
         drafters.matrix_rows(TARGET, drafters.read_drafters(read), drafters.load_record())
 
 
-def test_readme_support_table_is_the_generated_one():
+def test_readme_support_table_is_the_generated_one(request):
+    if request.config.getoption(UPDATE):
+        request.getfixturevalue("recorded")  # records this target's rows, regenerates the README's tables
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    assert readme[start:end].strip() == drafters.render_matrix(load_pins(), drafters.load_record()).strip(), (
-        "README.md's drafter matrix is stale: replace it with `python3 -m mtpq matrix`"
+    start, end = readme_tables_span(readme)
+    assert readme[start:end].strip() == generated_tables().strip(), (
+        f"README.md's drafter matrix is stale: regenerate it with `python3 tests/run.py --target {TARGET} "
+        f"tests/test_drafter_matrix.py {UPDATE}`"
     )
+
+
+def test_recording_replaces_this_targets_rows_and_rewrites_only_the_readme_tables(tmp_path):
+    """What --update-drafter-matrix writes, on copies: the record in its committed form, the README
+    around its tables unchanged (the tables' content is test_readme_support_table_is_the_generated_one's)."""
+    record = tmp_path / drafters.RECORD.name
+    record.write_bytes(drafters.RECORD.read_bytes())
+    committed = drafters.load_record(record)
+    row = next(iter(committed[TARGET].values()))
+    drafters.save_record(TARGET, {"FakeNextMTPModel": row}, record)
+    assert drafters.load_record(record) == {**committed, TARGET: {"FakeNextMTPModel": row}}
+    drafters.save_record(TARGET, committed[TARGET], record)
+    assert record.read_bytes() == drafters.RECORD.read_bytes()
+
+    readme, committed_readme = tmp_path / "README.md", (ROOT / "README.md").read_text(encoding="utf-8")
+    start, end = readme_tables_span(committed_readme)
+    readme.write_text(f"{committed_readme[:start]}\nstale\n{committed_readme[end:]}", encoding="utf-8")
+    write_readme_tables(committed_readme[start:end], readme)
+    assert readme.read_text(encoding="utf-8") == committed_readme
 
 
 def test_matrix_command_prints_the_tables(capsys):
     from mtpq.mtpq_command import main
 
     assert main(["matrix"]) == 0
-    assert capsys.readouterr().out == drafters.render_matrix(load_pins(), drafters.load_record())
+    assert capsys.readouterr().out == generated_tables()
 
 
 def test_a_registry_without_the_drafter_dict_is_refused_naming_the_file(tmp_path):

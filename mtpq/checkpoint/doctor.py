@@ -70,6 +70,7 @@ class Diagnosis:
     survey: object | None  # the survey's MtpSurvey of the MTP tensors present; None: none present
     missing_mtp: dict[str, list[str]]  # file the index names but the directory lacks -> its MTP tensors
     platform: str
+    releases: dict[str, facts.Release] = field(default_factory=dict)  # version -> its facts for it
     verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)  # release -> stock/patched
     fixes: dict[str, list[str]] = field(default_factory=dict)
     series: dict[str, str] = field(default_factory=dict)  # release -> the series serving it
@@ -157,11 +158,12 @@ def diagnose(
     diagnosis = Diagnosis(checkpoint, architecture, declaration, found, missing, platform)
     pins = load_pins()
     for version in versions or list(pins):
+        release = diagnosis.releases[version] = facts.Release.of(version, architecture, platform)
         diagnosis.verdicts[version] = {
-            "stock": stock_verdict(diagnosis, version),
-            "patched": patched_verdict(diagnosis, version, pins[version].series_dir),
+            "stock": stock_verdict(diagnosis, release),
+            "patched": patched_verdict(diagnosis, release, pins[version].series_dir),
         }
-        diagnosis.fixes[version] = fixes(diagnosis, version)
+        diagnosis.fixes[version] = fixes(diagnosis, release)
         diagnosis.series[version] = pins[version].series_name
     diagnosis.seconds = time.perf_counter() - started
     return diagnosis
@@ -209,34 +211,31 @@ def declared_mtp_layers(config: dict, architecture: facts.MtpArchitecture | None
 # --- the verdicts -----------------------------------------------------------------------------------
 
 
-def stock_verdict(diagnosis: Diagnosis, version: str) -> Verdict:
+def stock_verdict(diagnosis: Diagnosis, release: facts.Release) -> Verdict:
     declaration, architecture = diagnosis.declaration, diagnosis.architecture
     if not declaration.known:
         return Verdict(UNKNOWN, declaration.source)
-    default_layers = declaration.count is None and architecture and architecture.stock_default_layers
-    if not declaration.count and not (default_layers and facts.since(version, default_layers)):
+    if not declaration.count and not (declaration.count is None and release.stock_default_layers):
         # speculative.py divides by a count of 0; with no count at all, what happens is not known here.
         error = facts.STOCK_ZERO_MTP_LAYERS if declaration.count == 0 else None
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", error)
     if architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {diagnosis.checkpoint.architecture} is not known here")
-    if not architecture.drafter_in(version):
-        return _no_drafter(architecture, version)
+    if release.drafter_missing:
+        return _no_drafter(architecture, release)
     if diagnosis.tensors_missing:
-        verdict = _stock_without_tensors(diagnosis, version)
+        verdict = _stock_without_tensors(diagnosis, release)
         if declaration.count is None:  # the drafter's own default, not the config, made the draft
-            layers = facts.since(version, default_layers)
+            layers = release.stock_default_layers
             why = f"{declaration.source}, yet {architecture.name}'s drafter builds {layers} layer(s); "
             return Verdict(verdict.kind, why + verdict.why, verdict.error)
         return verdict
-    return _misplaced_layers(diagnosis) or _draft_verdict(diagnosis, version, patched=False)
+    return _misplaced_layers(diagnosis) or _draft_verdict(diagnosis, release, patched=False)
 
 
-def _no_drafter(architecture: facts.MtpArchitecture, version: str) -> Verdict:
-    return Verdict(
-        CRASH,
-        f"vLLM {version} has no {architecture.name} MTP drafter (vLLM {architecture.first_release} has)",
-    )
+def _no_drafter(architecture: facts.MtpArchitecture, release: facts.Release) -> Verdict:
+    newer = f"vLLM {architecture.first_release} has"
+    return Verdict(CRASH, f"vLLM {release.version} has no {architecture.name} MTP drafter ({newer})")
 
 
 def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
@@ -249,11 +248,11 @@ def _misplaced_layers(diagnosis: Diagnosis) -> Verdict | None:
     return None
 
 
-def _stock_without_tensors(diagnosis: Diagnosis, version: str) -> Verdict:
+def _stock_without_tensors(diagnosis: Diagnosis, release: facts.Release) -> Verdict:
     architecture, what = diagnosis.architecture, _missing_tensors(diagnosis)
-    if diagnosis.missing_mtp and (refusal := facts.since(version, facts.STOCK_INDEX_FILE_MISSING)):
+    if diagnosis.missing_mtp and (refusal := release.stock_index_file_missing):
         return Verdict(CRASH, f"{what}; vLLM's weight loader refuses an index naming a missing file", refusal)
-    loader = facts.since(version, architecture.stock_missing_tensors)
+    loader = release.stock_missing_tensors
     if loader is None:
         return Verdict(UNKNOWN, f"{what}; what {architecture.name}'s MTP loader then does is not known here")
     if loader != facts.RANDOM_WEIGHTS:
@@ -265,10 +264,10 @@ def _stock_without_tensors(diagnosis: Diagnosis, version: str) -> Verdict:
         else "the draft's weights are random"
     )
     random = Verdict(ZERO, f"{what}; {random_part}")
-    return _experts_without_kernel(diagnosis, version) or random
+    return _experts_without_kernel(diagnosis, release) or random
 
 
-def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | None:
+def _experts_without_kernel(diagnosis: Diagnosis, release: facts.Release) -> Verdict | None:
     """The draft's routed experts, which the checkpoint's scheme quantizes, on a platform without an
     MoE kernel for that scheme: building the draft fails, whatever its tensors."""
     architecture, checkpoint = diagnosis.architecture, diagnosis.checkpoint
@@ -277,12 +276,12 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     experts = architecture.draft_experts.format(layer=checkpoint.num_hidden_layers)
     expert = f"{experts}.{_EXPERT_SHARDS[0]}"
     if (
-        _ignored(checkpoint, expert, version, architecture) is not False
+        _ignored(checkpoint, expert, release, architecture) is not False
         or (scheme := _targeting_group(checkpoint, expert)) is None
     ):
         return None
     _, fmt = facts.quantization_format(checkpoint.quantization, scheme)
-    if error := facts.moe_kernel_missing(diagnosis.platform, fmt, version):
+    if error := release.moe_kernel_missing.get(fmt):
         return Verdict(
             CRASH,
             f"the draft's {experts} is built {fmt}, which {diagnosis.platform} has no MoE kernel for",
@@ -291,7 +290,7 @@ def _experts_without_kernel(diagnosis: Diagnosis, version: str) -> Verdict | Non
     return None
 
 
-def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Verdict:
+def patched_verdict(diagnosis: Diagnosis, release: facts.Release, series_dir: Path) -> Verdict:
     """vLLM of this release with the series serving it: that series' own start-up check and draft
     quantization decision, run on the checkpoint."""
     survey = series_survey(series_dir)
@@ -303,8 +302,8 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
         return Verdict(OFF, f"{declaration.source}: vLLM builds no MTP draft", refusal)
     if diagnosis.architecture is None:
         return Verdict(UNKNOWN, f"vLLM's MTP draft for {checkpoint.architecture} is not known here")
-    if not diagnosis.architecture.drafter_in(version):
-        return _no_drafter(diagnosis.architecture, version)
+    if release.drafter_missing:
+        return _no_drafter(diagnosis.architecture, release)
     if diagnosis.tensors_missing:
         # The series' own start-up check, on the same survey: its words are the refusal's. The files
         # it reads are chosen by the newest series' module, whose errors are caught too.
@@ -326,7 +325,7 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
     if misplaced := _misplaced_layers(diagnosis):
         return misplaced
     if checkpoint.quantization is None:
-        return _draft_verdict(diagnosis, version, patched=True)
+        return _draft_verdict(diagnosis, release, patched=True)
     # A series that refuses an MTP layer quantized around a BF16 decoder block says so (v0.33.0);
     # one that builds the two with their own quant configs decides per part (v0.22.1: `block`).
     refused = getattr(survey, "MixedMtpQuantizationError", ())
@@ -351,10 +350,10 @@ def patched_verdict(diagnosis: Diagnosis, version: str, series_dir: Path) -> Ver
         except (KeyError, ValueError, TypeError, AttributeError) as error:
             why = "vLLM cannot read the checkpoint's quantization_config"
             return Verdict(CRASH, why, f"{type(error).__name__}: {error}")
-    return _draft_verdict(diagnosis, version, patched=True)
+    return _draft_verdict(diagnosis, release, patched=True)
 
 
-def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict:
+def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) -> Verdict:
     """The draft built with the checkpoint's quantization config: stock vLLM always builds it so, the
     series when the MTP tensors are quantized ('inherit'). Crashes come in the order vLLM meets them:
     building the draft, loading its tensors, checking what loaded."""
@@ -363,7 +362,7 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         if diagnosis.survey.quantized:
             return Verdict(UNKNOWN, "quantized MTP tensors, no quantization config")
         return Verdict(WORKS, "nothing is quantized")
-    modules = draft_modules(diagnosis, version)
+    modules = draft_modules(diagnosis, release)
     if unknown := [module for module in modules if module.built == "unknown"]:
         return Verdict(UNKNOWN, f"{unknown[0].name}: {unknown[0].note}")
     label = scheme_label(checkpoint.quantization)
@@ -376,8 +375,8 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
                 "different quantization schemes",
             )
         )
-    keeps_own_scheme = patched and facts.since(version, facts.SERIES_KEEPS_MTP_OWN_SCHEME)
-    shards_before_class = patched or bool(facts.since(version, facts.SHARD_NAMES_BEFORE_CLASS))
+    keeps_own_scheme = patched and release.series_keeps_mtp_own_scheme
+    shards_before_class = patched or release.shard_names_before_class
     mixed_precision = _modelopt_mixed_precision(checkpoint)
     if not keeps_own_scheme and (
         missed := [
@@ -402,9 +401,7 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         method, fmt = facts.quantization_format(
             checkpoint.quantization, _targeting_group(checkpoint, module.runtime)
         )
-        if _EXPERT.match(module.runtime) and (
-            gap := facts.moe_kernel_missing(diagnosis.platform, fmt, version)
-        ):
+        if _EXPERT.match(module.runtime) and (gap := release.moe_kernel_missing.get(fmt)):
             kernel_gaps[layer] = Verdict(
                 CRASH, f"the draft's {layer} is built {fmt}: no {diagnosis.platform} MoE kernel", gap
             )
@@ -420,12 +417,12 @@ def _draft_verdict(diagnosis: Diagnosis, version: str, patched: bool) -> Verdict
         crashes.append(
             Verdict(CRASH, f"the draft builds {_first(misfits)} {label}: the BF16 tensors do not fit")
         )
-    refusals = {} if patched else facts.since(version, architecture.stock_loader_refuses) or {}
+    refusals = {} if patched else release.stock_loader_refuses
     if refusal := refusals.get(checkpoint.quantization.get("quant_method")):
         crashes.append(
             Verdict(CRASH, f"{architecture.name}'s MTP loader refuses {label} checkpoints", refusal)
         )
-    if not patched and (failure := facts.since(version, architecture.stock_draft_step_fails)):
+    if not patched and (failure := release.stock_draft_step_fails):
         crashes.append(
             Verdict(CRASH, f"{architecture.name}'s stock MTP draft fails at its first draft step", failure)
         )
@@ -448,10 +445,10 @@ def _module_kind(name: str) -> str:
     return name.rstrip("0123456789.").rpartition(".")[2]
 
 
-def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
+def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftModule]:
     """The checkpoint's MTP modules as the stock draft of a release builds them."""
     checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
-    naming = architecture.draft_name(version) if architecture else None
+    naming = release.draft_name
     _, entries = checkpoint.ignore_entries()
     compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
     mixed_precision = _modelopt_mixed_precision(checkpoint)
@@ -461,7 +458,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
             modules.append(DraftModule(name, stored, None, "unquantized", "outside the quant config"))
             continue
         if naming is None:
-            note = f"how vLLM {version}'s draft builds it is not known here"
+            note = f"how vLLM {release.version}'s draft builds it is not known here"
             modules.append(DraftModule(name, stored, None, "unknown", note))
             continue
         runtime = naming(name, checkpoint.num_hidden_layers)
@@ -476,7 +473,7 @@ def draft_modules(diagnosis: Diagnosis, version: str) -> list[DraftModule]:
         elif not compressed_tensors:
             modules.append(DraftModule(name, stored, runtime, "quantized"))
         else:
-            ignored = _ignored(checkpoint, runtime, version, architecture)
+            ignored = _ignored(checkpoint, runtime, release, architecture)
             if ignored is None:
                 modules.append(DraftModule(name, stored, runtime, "mixed"))
             else:
@@ -516,7 +513,10 @@ def _matches_any(name: str, entries: list[str]) -> bool:
 
 
 def _ignored(
-    checkpoint: Checkpoint, runtime: str, version: str, architecture: facts.MtpArchitecture | None = None
+    checkpoint: Checkpoint,
+    runtime: str,
+    release: facts.Release,
+    architecture: facts.MtpArchitecture | None = None,
 ) -> bool | None:
     """Whether `ignore` (as the architecture's target renames it) covers the module, as vLLM's
     should_ignore_layer decides: an entry for its fused linear's own name ignores it
@@ -526,7 +526,7 @@ def _ignored(
     if architecture:
         entries = architecture.renamed_ignore(entries)
     layer = runtime_layer(runtime)
-    by_name = facts.since(version, facts.IGNORE_BY_FUSED_NAME)
+    by_name = release.ignore_by_fused_name
     if not _EXPERT.match(runtime) and (
         layer in entries or (by_name == "matched" and _matches_any(layer, entries))
     ):
@@ -601,11 +601,12 @@ def scheme_label(quantization: dict) -> str:
 # --- fixes ------------------------------------------------------------------------------------------
 
 
-def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
+def fixes(diagnosis: Diagnosis, release: facts.Release) -> list[str]:
+    version = release.version
     stock, patched = diagnosis.verdicts[version]["stock"], diagnosis.verdicts[version]["patched"]
     if stock.kind == WORKS:
         return []
-    if diagnosis.architecture and not diagnosis.architecture.drafter_in(version):
+    if release.drafter_missing:
         return [f"serve it with vLLM {diagnosis.architecture.first_release} or newer"]
     declaration = diagnosis.declaration
     where = "text_config" if declaration.nested else "config.json"
@@ -632,13 +633,13 @@ def fixes(diagnosis: Diagnosis, version: str) -> list[str]:
             f"vLLM {version} with the mtpq series (apply.py --installed or --wheel, or the images): "
             "draft_quant_config 'auto' (the default)"
         )
-        if not diagnosis.survey.quantized and facts.since(version, facts.ONLINE_DRAFT_QUANTIZATION):
+        if not diagnosis.survey.quantized and release.online_draft_quantization:
             found.append(
                 "optional, for the BF16 draft's memory and step time at some acceptance: draft_quant_config "
                 '\'fp8_per_block\' or another of vLLM\'s online schemes (or {"quant_method": "online", '
                 '"linear": ...}); refused at start-up where the platform lacks its kernels'
             )
-        entries, _ = stock_ignore_entries(diagnosis, version)
+        entries, _ = stock_ignore_entries(diagnosis, release)
         if entries:
             found.append(
                 f"for stock vLLM {version}: add {len(entries)} ignore entries under the names its draft "
@@ -659,22 +660,21 @@ def _dropped(diagnosis: Diagnosis) -> str:
     return f" (missing here: {', '.join(lacking + missing)})" if lacking or missing else ""
 
 
-def stock_ignore_entries(diagnosis: Diagnosis, version: str) -> tuple[list[str], str]:
+def stock_ignore_entries(diagnosis: Diagnosis, release: facts.Release) -> tuple[list[str], str]:
     """The compressed-tensors ignore entries that keep stock vLLM's draft of this release unquantized
     where the checkpoint is BF16, or ([], why that alone cannot make stock vLLM work)."""
-    checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
+    checkpoint, architecture, version = diagnosis.checkpoint, diagnosis.architecture, release.version
     quantization = checkpoint.quantization or {}
     if quantization.get("quant_method") != "compressed-tensors":
         return [], f"only compressed-tensors ignore lists are written, not {scheme_label(quantization)}"
-    if architecture is None or architecture.draft_name(version) is None:
+    if architecture is None or release.draft_name is None:
         return [], f"the names vLLM {version}'s draft builds its modules under are not known here"
-    if facts.since(version, architecture.stock_draft_step_fails):
+    if release.stock_draft_step_fails:
         return [], f"stock vLLM {version}'s {architecture.name} MTP draft fails at its first draft step"
-    refusals = facts.since(version, architecture.stock_loader_refuses) or {}
-    if "compressed-tensors" in refusals:
+    if "compressed-tensors" in release.stock_loader_refuses:
         loader = f"stock vLLM {version}'s {architecture.name} MTP loader"
         return [], f"{loader} refuses every compressed-tensors checkpoint"
-    modules = draft_modules(diagnosis, version)
+    modules = draft_modules(diagnosis, release)
     entries = [m.runtime for m in modules if m.built != "unquantized" and m.stored in facts.FLOAT_DTYPES]
     if renamed := [entry for entry in entries if entry not in architecture.renamed_ignore([entry])]:
         return [], f"the target's weights mapper renames an entry {renamed[0]} before it reaches the draft"

@@ -5,7 +5,8 @@ measured on the CPU engine; tests/test_e2e_doctor.py checks the doctor's predict
 the engine does on every checkpoint of the end-to-end suite. A fact that is not here is not guessed:
 the doctor says "unknown".
 
-Release-dependent facts are keyed by the first pinned release they hold for (`since`).
+Release-dependent facts are keyed by the first pinned release they hold for (`since`); `Release` looks
+them up once for one release and one checkpoint, and the doctor hands that on.
 """
 
 from __future__ import annotations
@@ -120,12 +121,6 @@ class MtpArchitecture:
             old, new = next(((o, n) for o, n in self.ignore_renamed if entry.startswith(o)), ("", ""))
             renamed.append(new + entry.removeprefix(old) if old and not entry.startswith("re:") else entry)
         return renamed
-
-    def draft_name(self, version: str) -> Callable[[str, int], str] | None:
-        return since(version, self.draft_names)
-
-    def drafter_in(self, version: str) -> bool:
-        return self.first_release is None or version_key(version) >= version_key(self.first_release)
 
 
 RANDOM_WEIGHTS = "starts with random draft weights"
@@ -412,10 +407,6 @@ MOE_KERNEL_MISSING = {
 }
 
 
-def moe_kernel_missing(platform: str, format: str | None, version: str) -> str | None:
-    return since(version, MOE_KERNEL_MISSING.get((platform, format), {}))
-
-
 # --- Start-up checks --------------------------------------------------------------------------------
 # vLLM's weight loader refuses an index naming a file the directory lacks (weight_utils.py,
 # filter_duplicate_safetensors_files; 0.22.1 loads the files there are): first release -> its error.
@@ -433,3 +424,57 @@ PATCHED_UNLOADED = "were not initialized from checkpoint"
 # Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
 # (draft_quant_config = a --quantization shorthand or {"quant_method": "online", ...}; v0.33.0's 0020).
 ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.32.0": True}
+
+
+# --- One release, for one diagnosis -----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Release:
+    """What one vLLM release does, looked up once in the tables above for one diagnosis: the release's
+    own facts, its drafter of the checkpoint's MTP architecture, its MoE kernels on the platform."""
+
+    version: str
+    # The architecture's MTP drafter is newer than this release (False where the architecture is unknown).
+    drafter_missing: bool
+    # Checkpoint module -> the prefix the draft builds it with; None: not established.
+    draft_name: Callable[[str, int], str] | None
+    # The stock drafter's layers when the config declares no count; None: it builds none, or not known.
+    stock_default_layers: int | None
+    # What the stock draft loader does when the config declares MTP layers without tensors.
+    stock_missing_tensors: str | None
+    # quant_method -> the error of a stock draft loader that refuses it.
+    stock_loader_refuses: dict[str, str]
+    # The error the stock draft raises at its first draft step; None: none.
+    stock_draft_step_fails: str | None
+    stock_index_file_missing: str | None
+    ignore_by_fused_name: str | None
+    series_keeps_mtp_own_scheme: bool
+    shard_names_before_class: bool
+    online_draft_quantization: bool
+    # compressed-tensors format -> the error building draft MoE layers in it raises on the platform.
+    moe_kernel_missing: dict[str, str]
+
+    @classmethod
+    def of(cls, version: str, architecture: MtpArchitecture | None, platform: str) -> Release:
+        drafter = architecture or MtpArchitecture("not known here")  # no drafter fact at all
+        return cls(
+            version=version,
+            drafter_missing=drafter.first_release is not None
+            and version_key(version) < version_key(drafter.first_release),
+            draft_name=since(version, drafter.draft_names),
+            stock_default_layers=since(version, drafter.stock_default_layers),
+            stock_missing_tensors=since(version, drafter.stock_missing_tensors),
+            stock_loader_refuses=since(version, drafter.stock_loader_refuses) or {},
+            stock_draft_step_fails=since(version, drafter.stock_draft_step_fails),
+            stock_index_file_missing=since(version, STOCK_INDEX_FILE_MISSING),
+            ignore_by_fused_name=since(version, IGNORE_BY_FUSED_NAME),
+            series_keeps_mtp_own_scheme=bool(since(version, SERIES_KEEPS_MTP_OWN_SCHEME)),
+            shard_names_before_class=bool(since(version, SHARD_NAMES_BEFORE_CLASS)),
+            online_draft_quantization=bool(since(version, ONLINE_DRAFT_QUANTIZATION)),
+            moe_kernel_missing={
+                fmt: error
+                for (on, fmt), by_release in MOE_KERNEL_MISSING.items()
+                if on == platform and (error := since(version, by_release))
+            },
+        )

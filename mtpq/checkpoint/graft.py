@@ -334,7 +334,7 @@ def _serve_stock(scratch: Path, config: dict, version: str, lines: list[str]) ->
     if diagnosis.verdicts[version]["stock"].kind == WORKS:
         lines.append(f"stock vLLM {version}: works as it is")
         return True
-    entries, why = stock_ignore_entries(diagnosis, version)
+    entries, why = stock_ignore_entries(diagnosis, diagnosis.releases[version])
     if not entries:
         lines.append(f"stock vLLM {version} cannot serve its MTP: {why}; vLLM with the mtpq series can")
         return False

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from mtpq.core import gittree
+from mtpq.core import crashsafe, gittree
 from mtpq.core.errors import MtpqError
 from mtpq.core.package_data import package_path
 from mtpq.core.pin import version_key
@@ -466,6 +466,13 @@ def load_record(path: Path = RECORD) -> dict[str, dict[str, dict[str, str]]]:
         return json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as error:
         raise DrafterMatrixError(f"{path}: cannot read the drafter matrix record: {error}") from error
+
+
+def save_record(release: str, rows: dict[str, dict[str, str]], path: Path = RECORD) -> None:
+    """Replace one release's rows in the record, the others kept."""
+    record = {**load_record(path), release: rows}
+    text = json.dumps(record, indent=1, sort_keys=True, ensure_ascii=False) + "\n"
+    crashsafe.write_atomic(path, text.encode("utf-8"))
 
 
 @dataclass(frozen=True)
