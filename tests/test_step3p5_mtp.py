@@ -44,8 +44,8 @@ KV_CACHE_PARAMETERS = {
         "q_zero_point",
     )
 }
-SHAPE_MISMATCH = "MTP draft parameter does not match the shape of checkpoint tensor"
-NO_PARAMETER = "MTP draft has no parameter for checkpoint tensor"
+REFUSED = "refused checkpoint tensor"
+NO_PARAMETER = "MTP draft has no parameter"
 NVFP4_SCALES = ("input_scale", "weight_scale", "weight_scale_2")
 KV_CACHE_SCALES_MISSING = f"Some parameters like {MTP_LAYER}.mtp_block.self_attn.attn."
 
@@ -132,11 +132,11 @@ def test_patched_inherit_on_a_bf16_mtp_block_fails_loudly_naming_the_tensor(run,
     assert block_methods(built) == {nvfp4}
     load = built["load"]
     assert load["error_type"] == "ValueError"
-    assert without_mtp_draft_name(load["error"]).startswith(
-        f"{SHAPE_MISMATCH} {MTP_LAYER}.mlp.gate_proj.weight (torch.bfloat16, "
-    )
-    assert "draft_quant_config" in load["error"]
     assert load["parameter"] == f"{MTP_LAYER}.mtp_block.mlp.gate_up_proj.weight"
+    error = without_mtp_draft_name(load["error"])
+    assert error.startswith(f"MTP draft parameter {load['parameter']} ("), error
+    assert f" {REFUSED} {MTP_LAYER}.mlp.gate_proj.weight (torch.bfloat16, " in error
+    assert "draft_quant_config" in error
     assert [load["param_shape"], load["loaded_shape"]] == gate_shard_shapes(hf_config)
 
 

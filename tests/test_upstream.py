@@ -54,6 +54,31 @@ def test_a_patch_without_tests_or_threads_fails_the_check_naming_it(upstream_ser
     assert {(first, "Bug"), (first, "message"), (second, "Forwarded"), (third, "Test Result")} <= findings
 
 
+def test_a_bug_naming_a_pull_request_or_left_out_unexplained_fails_the_check(upstream_series, series_copy):
+    """Bug: is the bug report a patch fixes; the pull requests it relates to belong in its text. A
+    patch no bug report describes leaves Bug: out, as DEP-3 allows, and its Purpose says so."""
+    directory = series_copy(upstream_series)
+    with_bug = [patch for patch in pull_requests.proposed(upstream_series) if "Bug" in patch.dep3]
+    pull_request, unexplained = with_bug[0].name, with_bug[1].name
+    replace_in_patch(
+        directory,
+        pull_request,
+        "\nBug: https://github.com/vllm-project/vllm/issues/",
+        "\nBug: https://github.com/vllm-project/vllm/pull/",
+    )
+    text = (directory / unexplained).read_text()
+    bug_line = next(line for line in text.splitlines() if line.startswith("Bug: "))
+    replace_in_patch(directory, unexplained, f"\n{bug_line}\n", "\n")
+    findings = {str(f) for f in pull_requests.check_ready(load_series(directory))}
+    names_a_pull_request = f"{pull_request}: Bug: must be the URL of the upstream bug report"
+    assert any(finding.startswith(names_a_pull_request) for finding in findings)
+    unexplained_finding = "Bug: missing, and the Purpose does not say that no upstream bug report exists"
+    assert f"{unexplained}: {unexplained_finding}" in findings
+    explained = {patch.name for patch in pull_requests.proposed(upstream_series) if "Bug" not in patch.dep3}
+    assert explained
+    assert not {f for f in findings if f.partition(":")[0] in explained}
+
+
 def test_a_patch_that_drops_its_test_file_fails_the_check(upstream_series, series_copy):
     directory = series_copy(upstream_series)
     patch = pull_requests.proposed(upstream_series)[-1]

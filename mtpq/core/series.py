@@ -14,6 +14,8 @@ from mtpq.core import crashsafe
 from mtpq.core.errors import MtpqError
 
 DEP3_FIELDS = ("Origin", "Forwarded", "Bug", "Applied-Upstream", "Last-Update")
+# DEP-3 leaves Bug out where no bug report exists; the patch's description then says so.
+DEP3_REQUIRED = tuple(field for field in DEP3_FIELDS if field != "Bug")
 _DIFF_HEADER = re.compile(r"^diff --git a/(\S+) b/(\S+)$", re.MULTILINE)
 _SIBLING_ENTRY = re.compile(r"\.\./[A-Za-z0-9._-]+/[A-Za-z0-9._-]+\.patch")
 _HUNK_HEADER = re.compile(r"^@@ -", re.MULTILINE)
@@ -62,7 +64,7 @@ def parse_patch(path: Path) -> Patch:
         field, sep, value = line.partition(":")
         if sep and field in DEP3_FIELDS:
             dep3[field] = value.strip()
-    missing = [field for field in DEP3_FIELDS if not dep3.get(field)]
+    missing = [field for field in DEP3_REQUIRED if not dep3.get(field)]
     if missing:
         raise SeriesError(f"{path.name}: DEP-3 field(s) missing from the message: {', '.join(missing)}")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", dep3["Last-Update"]):

@@ -3,8 +3,10 @@ patch and the body file `gh pr create --body-file` takes.
 
 A patch's message is its PR description: a `[Area] ...` title, then the sections `Purpose:`,
 `Test Plan:` and `Test Result:` (each a line of its own, followed by its text), then the DEP-3
-fields. A patch whose `Forwarded:` is `not-needed` (a backport that makes an older release match a
-newer one) is not proposed and not checked.
+fields. `Bug:` is the issue the patch fixes (the pull requests it relates to go in the text); where
+no bug report exists it is left out and the Purpose says so. A patch whose `Forwarded:` is
+`not-needed` (a backport that makes an older release match a newer one) is not proposed and not
+checked.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ SECTIONS = ("Purpose", "Test Plan", "Test Result")
 NOT_FOR_UPSTREAM = "not-needed"
 _TITLE = re.compile(r"(\[[^\]\s][^\]]*\])+ \S.*")
 _THREAD_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/(issues|pull)/\d+")
+_BUG_REPORT_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+")
 _TEST_FILE = re.compile(r"tests/(.+/)?test_[^/]+\.py")
 # Our own notes and issue tracker mean nothing upstream: a PR cites upstream threads by URL.
 _LOCAL_REFERENCE = re.compile(r"\bseeds/|\bnotes/|\bmtpq (issue|task)\b", re.IGNORECASE)
@@ -78,8 +81,11 @@ def check_ready(series: Series) -> list[Finding]:
 
         if not _TITLE.fullmatch(patch.subject):
             problem("title", f"not in vLLM's '[Area] Summary' form: {patch.subject!r}")
-        if not _THREAD_URL.fullmatch(patch.dep3["Bug"]):
-            problem("Bug", f"must be the URL of an upstream issue or pull request, not {patch.dep3['Bug']!r}")
+        bug = patch.dep3.get("Bug")
+        if bug is None and "bug report" not in found.get("Purpose", ""):
+            problem("Bug", "missing, and the Purpose does not say that no upstream bug report exists")
+        elif bug is not None and not _BUG_REPORT_URL.fullmatch(bug):
+            problem("Bug", f"must be the URL of the upstream bug report (an issue) it fixes, not {bug!r}")
         forwarded = patch.dep3["Forwarded"]
         if forwarded != "no" and not _THREAD_URL.fullmatch(forwarded):
             problem(
