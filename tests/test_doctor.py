@@ -758,6 +758,15 @@ def in_survey_module(text: str, old: str, new: str) -> str:
     return text[:start] + text[start:].replace(old, new, 1)
 
 
+def project_copy(tmp_path):
+    """A copy of the checkout's package and its data, the package's links to the data kept as links."""
+    copy = tmp_path / "project"
+    shutil.copytree(ROOT / "mtpq", copy / "mtpq", symlinks=True)
+    shutil.copytree(ROOT / "patches", copy / "patches")
+    shutil.copy(ROOT / "VLLM_VERSIONS", copy)
+    return copy
+
+
 @pytest.mark.parametrize(
     "damage",
     [
@@ -768,10 +777,7 @@ def in_survey_module(text: str, old: str, new: str) -> str:
     ids=["emptied", "hunk-shorter-than-promised", "syntax-error"],
 )
 def test_a_damaged_survey_patch_is_one_line_error(tmp_path, damage):
-    copy = tmp_path / "project"
-    shutil.copytree(ROOT / "mtpq", copy / "mtpq")
-    shutil.copytree(ROOT / "patches", copy / "patches")
-    shutil.copy(ROOT / "VLLM_VERSIONS", copy)
+    copy = project_copy(tmp_path)
     patch = copy / survey_patch().relative_to(ROOT)
     patch.write_text(damage(patch.read_text()))
 
@@ -789,10 +795,7 @@ def test_a_damaged_survey_patch_is_one_line_error(tmp_path, damage):
 
 
 def test_a_missing_survey_patch_is_one_line_error(tmp_path):
-    copy = tmp_path / "project"
-    shutil.copytree(ROOT / "mtpq", copy / "mtpq")
-    shutil.copytree(ROOT / "patches", copy / "patches")
-    shutil.copy(ROOT / "VLLM_VERSIONS", copy)
+    copy = project_copy(tmp_path)
     (copy / survey_patch().relative_to(ROOT)).unlink()
 
     done = subprocess.run(
