@@ -1110,12 +1110,14 @@ def _hy_v4_config() -> dict:
     CUDA backend only) and the experts' SwiGLU clamp are off: switches the config class offers, on by
     default there."""
     deepseek = _deepseek_v3_config()
-    shared = ("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size")
+    shared = (
+        *("hidden_size", "intermediate_size", "moe_intermediate_size", "num_hidden_layers", "vocab_size"),
+        *("num_attention_heads", "num_key_value_heads", "hidden_act"),
+        *("n_routed_experts", "num_experts_per_tok", "n_shared_experts"),
+        *("max_position_embeddings", "rms_norm_eps", "rope_parameters"),
+    )
     return {
         **{key: deepseek[key] for key in shared},
-        **{key: deepseek[key] for key in ("num_attention_heads", "num_key_value_heads", "hidden_act")},
-        **{key: deepseek[key] for key in ("n_routed_experts", "num_experts_per_tok", "n_shared_experts")},
-        **{key: deepseek[key] for key in ("max_position_embeddings", "rms_norm_eps", "rope_parameters")},
         **MLA_SIZES.hf_config(),
         "architectures": ["HYV4ForCausalLM"],
         "model_type": "hy_v4",
