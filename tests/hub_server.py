@@ -223,6 +223,9 @@ class HubServer:
 
 class _Handler(http.server.BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    # Headers and body go out as separate writes; with Nagle's algorithm on, the second waits for the
+    # client's delayed ACK (40 ms on Linux) on every request of a kept-alive connection.
+    disable_nagle_algorithm = True
     owner: HubServer  # the server whose repositories and counts a subclass serves
 
     def log_message(self, *args) -> None:
