@@ -1,6 +1,6 @@
 """A local server that answers as the Hugging Face Hub does, for what huggingface_hub asks of it when
 mtpq reads a remote checkpoint: `/api/models/{repo}[/revision/{rev}]` (with `?blobs=true` sizes),
-`/{repo}/resolve/{rev}/{file}` (ETag and X-HubRepo-Commit headers; LFS files redirected with 302 to a
+`/{repo}/resolve/{rev}/{file}` (ETag and X-Repo-Commit headers; LFS files redirected with 302 to a
 second server, the blob host, as the Hub redirects to its CDN), 206 range answers, and the Hub's
 401/403/404 answers with their X-Error-Code. It counts the bytes of every body it serves, so tests
 assert what was fetched. 127.0.0.1 only; both servers stop at the end of the test, or by themselves
@@ -185,10 +185,7 @@ class HubServer:
                 file = repo.directory / name
                 if "/" in name or not file.is_file():
                     return self.fail(404, "EntryNotFound")
-                extra = {
-                    "ETag": f'"{hashlib.sha1(name.encode()).hexdigest()}"',
-                    "X-HubRepo-Commit": repo.commit,
-                }
+                extra = {"ETag": f'"{hashlib.sha1(name.encode()).hexdigest()}"', "X-Repo-Commit": repo.commit}
                 if name.endswith(_LFS_SUFFIX):
                     blob = hashlib.sha256(f"{repo_id}/{repo.commit}/{name}".encode()).hexdigest()
                     hub.blobs[blob] = (file, repo)
