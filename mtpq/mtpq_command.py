@@ -49,7 +49,8 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
         "--platform",
         choices=facts.PLATFORMS,
         default="cuda",
-        help="where vLLM runs: some draft MoE schemes have no kernel on some platforms (%(default)s)",
+        help="where vLLM runs: some draft MoE schemes have no kernel on some platforms; cpu-amx: an x86 CPU "
+        "with AMX, which has more (%(default)s)",
     )
     doctor.add_argument(
         "--with-series",

@@ -33,6 +33,7 @@ import pytest
 from mtpq.core import gittree, installed
 from mtpq.core.pin import load_pins, version_key
 from mtpq.core.series import load_series
+from tests.cpu_features import cpu_moe_kernels
 from tests.probing import ProbeError, run_probe
 from tests.run import ensure_unpatched_vllm
 from tests.run import targets as engine_targets
@@ -46,6 +47,7 @@ VLLM_INSTALLED = importlib.util.find_spec("vllm") is not None
 ENGINE_MODULES = [
     "test_apply_tree.py",
     "test_checkpoints.py",
+    "test_cpu_features.py",
     "test_crash_safety.py",
     "test_doctor_copies.py",
     "test_drafter_matrix.py",
@@ -252,6 +254,13 @@ def unpatched_vllm() -> Path:
     if explicit := os.environ.get("MTPQ_UNPATCHED_VLLM"):
         return Path(explicit)
     return ensure_unpatched_vllm(load_pins()[target_version()])
+
+
+@pytest.fixture(scope="session")
+def stock_result(pin, installed_vllm):
+    """`stock_result(case)`: stock vLLM's outcome on this test bed's target and this CPU."""
+    kernels = cpu_moe_kernels()
+    return lambda case: case.stock_result(pin.version, kernels)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,7 @@
 end-to-end suite, for stock vLLM and for vLLM with the series, at this session's target.
 
 The engine reports are the suite's own (engine_run): no engine starts here. The doctor runs as a user
-runs it, `python -S -m mtpq doctor CKPT --vllm TARGET --platform cpu --json`.
+runs it, `python -S -m mtpq doctor CKPT --vllm TARGET --platform cpu --json` (cpu-amx on a CPU with AMX).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import pytest
 
 from tests.commands import run_mtpq
+from tests.cpu_features import doctor_platform
 from tests.e2e_cases import (
     CASES,
     E2E_FAMILIES,
@@ -23,6 +24,7 @@ from tests.e2e_cases import (
     QWEN3_5_ALL,
     QWEN3_5_BAD_INPUT,
     QWEN3_5_FAMILIES,
+    SILENT_FAILURE_ACCEPTANCE,
     Case,
     EngineRun,
     baseline,
@@ -73,7 +75,9 @@ def doctor(engineered_checkpoint, pin):
     def report(case: Case) -> dict:
         if case.name() not in reports:
             checkpoint = engineered_checkpoint(case.quant, case.arch, **case.options)
-            done = run_mtpq("doctor", checkpoint, "--vllm", pin.version, "--platform", "cpu", "--json")
+            done = run_mtpq(
+                "doctor", checkpoint, "--vllm", pin.version, "--platform", doctor_platform(), "--json"
+            )
             assert done.returncode in (0, 1), done.stderr
             reports[case.name()] = json.loads(done.stdout)
         return reports[case.name()]
@@ -84,9 +88,11 @@ def doctor(engineered_checkpoint, pin):
 def engine_verdict(report: dict, works_at: float = 1.0) -> str:
     if "error" in report:
         return "crash"
-    return {works_at: "works", 0.0: "silent 0 % acceptance"}.get(
-        report["acceptance"], f"acceptance {report['acceptance']}"
-    )
+    if report["acceptance"] == works_at:
+        return "works"
+    if report["acceptance"] <= SILENT_FAILURE_ACCEPTANCE:
+        return "silent 0 % acceptance"
+    return f"acceptance {report['acceptance']}"
 
 
 def working_acceptance(engine_run, case: Case) -> float:
@@ -140,14 +146,16 @@ def test_a_quantizer_export_is_diagnosed_with_what_it_lacks(doctor, pin, case):
 
 
 @pytest.mark.parametrize("case", GRAFTED, ids=Case.name)
-def test_graft_reports_whether_stock_vllm_then_serves_the_mtp(engineered_checkpoint, doctor, pin, case):
+def test_graft_reports_whether_stock_vllm_then_serves_the_mtp(
+    engineered_checkpoint, doctor, pin, stock_result, case
+):
     checkpoint = engineered_checkpoint(case.quant, case.arch, **case.options)
     graft = engineered_checkpoint.grafts[checkpoint]
     verdicts = doctor(case)["releases"][pin.version]
     assert verdicts["patched"]["kind"] == "works"
     if case.options["graft"] == "plain":
         assert graft.returncode == 0 and verdicts["stock"]["kind"] != "works"
-    elif case.stock_result(pin.version) == "acceptance 1.0":
+    elif stock_result(case) == "acceptance 1.0":
         assert graft.returncode == 0 and f"stock vLLM {pin.version}: " in graft.stdout
         assert verdicts["stock"]["kind"] == "works"
     else:

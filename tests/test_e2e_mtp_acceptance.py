@@ -30,6 +30,7 @@ from tests.e2e_cases import (
     OWN_SCHEME_MTP,
     QUANTIZED_MTP,
     QUANTIZER_EXPORTS,
+    SILENT_FAILURE_ACCEPTANCE,
     Case,
     EngineRun,
     baseline,
@@ -44,6 +45,11 @@ UNQUANTIZED = {
     "UnquantizedEmbeddingMethod",
     "torch.nn.Linear",
 }
+# How far an MTP layer in a scheme of its own may accept from its dequantized BF16 reference: the layer's
+# quantized kernel and a BF16 matmul of the dequantized weights round differently (which kernel runs W4A16
+# depends on the CPU: AMX or AVX-512), and a near-tie in the engineered draft's logits can flip a draft
+# token (1 of 78 measured on an AMX CPU, none without). A draft from the wrong weights accepts nothing.
+OWN_SCHEME_ROUNDING = 0.02
 # The hint patched vLLM gives when the checkpoint's MTP tensors do not fit the draft it built.
 LOUD_LOAD_HINT = "set draft_quant_config in --speculative-config"
 
@@ -84,22 +90,27 @@ def test_bf16_checkpoint_accepts_every_draft(engine_run, engineered_checkpoint, 
 
 
 def assert_stock_result(report: dict, expected: str) -> None:
-    """Stock vLLM's run ended as Case.stock says: that acceptance, or an error with those words."""
+    """Stock vLLM's run ended as Case.stock says: that acceptance (0.0: silently broken drafts, no more
+    than chance matches), or an error with those words."""
     if expected.startswith("acceptance "):
         assert "error" not in report, report["error"]
         assert report["draft_tokens"] > 0
-        assert report["acceptance"] == float(expected.removeprefix("acceptance "))
+        acceptance = float(expected.removeprefix("acceptance "))
+        if acceptance == 0.0:
+            assert report["acceptance"] <= SILENT_FAILURE_ACCEPTANCE, report
+        else:
+            assert report["acceptance"] == acceptance, report
     else:
         assert expected in report.get("error", ""), report
 
 
 @pytest.mark.parametrize("case", [*CASES, *OWN_SCHEME_MTP, *QUANTIZER_EXPORTS], ids=Case.name)
-def test_unpatched_vllm_shows_the_stock_result(engine_run, engineered_checkpoint, pin, case):
+def test_unpatched_vllm_shows_the_stock_result(engine_run, engineered_checkpoint, stock_result, case):
     report = engine_run(EngineRun("unpatched", case, {}))
-    if case.stock_result(pin.version) == AS_DEQUANTIZED_REFERENCE:
+    if stock_result(case) == AS_DEQUANTIZED_REFERENCE:
         assert_drafts_as_its_dequantized_reference(report, engine_run, engineered_checkpoint, case)
     else:
-        assert_stock_result(report, case.stock_result(pin.version))
+        assert_stock_result(report, stock_result(case))
 
 
 def assert_auto_reaches_the_bf16_acceptance(engine_run, engineered_checkpoint, case: Case) -> None:
@@ -154,8 +165,8 @@ def bad_layout_named(case: Case) -> list[str]:
 
 
 @pytest.mark.parametrize("case", BAD_LAYOUTS, ids=Case.name)
-def test_a_bad_mtp_layout_is_an_error_naming_it(engine_run, engineered_checkpoint, pin, case):
-    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+def test_a_bad_mtp_layout_is_an_error_naming_it(engine_run, engineered_checkpoint, stock_result, case):
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), stock_result(case))
     report = engine_run(EngineRun("patched", case, {}))
     if case.options["damage"] == "mtp-layers-overdeclared" and case.arch in DRAFTER_BUILDS_FIRST_LAYER_ONLY:
         # The layer missing from disk is never built: nothing is lost.
@@ -177,14 +188,13 @@ def test_an_mtp_layer_in_a_scheme_of_its_own_drafts_as_its_dequantized_weights_d
 
 
 def assert_drafts_as_its_dequantized_reference(report: dict, engine_run, engineered_checkpoint, case) -> None:
-    """The run accepted exactly the drafts of the checkpoint holding the MTP layer's dequantized weights
-    in BF16 (the patched engine's run of own_scheme_reference), losslessly."""
+    """The run accepted the drafts of the checkpoint holding the MTP layer's dequantized weights in BF16
+    (the patched engine's run of own_scheme_reference), up to the kernels' rounding, losslessly."""
     reference = engine_run(EngineRun("patched", own_scheme_reference(case), {}))
     assert "error" not in report, report["error"]
     assert "error" not in reference, reference["error"]
     assert report["draft_tokens"] > 0
-    counts = ("num_drafts", "draft_tokens", "accepted_tokens")
-    assert {key: report[key] for key in counts} == {key: reference[key] for key in counts}
+    assert abs(report["acceptance"] - reference["acceptance"]) <= OWN_SCHEME_ROUNDING, (report, reference)
     assert (
         report["outputs"]
         == reference["outputs"]

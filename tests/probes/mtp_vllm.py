@@ -204,23 +204,21 @@ def inspect_mtp_classes_in_process(checkpoint_dir: Path | str) -> None:
 def mtp_vllm_config(
     checkpoint_dir: Path, speculative_options: dict | None = None, cache_options: dict | None = None
 ):
-    """The VllmConfig of a one-token MTP run on the checkpoint (no tokenizer, no weights read)."""
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SpeculativeConfig, VllmConfig
+    """The VllmConfig of a one-token MTP run on the checkpoint (no tokenizer, no weights read), made as a
+    user's engine makes it (EngineArgs): the engine's defaults that follow from the model and the CPU
+    (prefix caching, for one) are what the draft is built under."""
+    from vllm.engine.arg_utils import EngineArgs
 
     inspect_mtp_classes_in_process(checkpoint_dir)
-    model_config = ModelConfig(model=str(checkpoint_dir), skip_tokenizer_init=True, max_model_len=256)
-    speculative_config = SpeculativeConfig(
-        method="mtp",
-        num_speculative_tokens=1,
-        target_model_config=model_config,
-        target_parallel_config=ParallelConfig(),
-        **(speculative_options or {}),
+    engine_args = EngineArgs(
+        model=str(checkpoint_dir),
+        trust_remote_code=True,  # the engineered checkpoints' remote config classes, as the engine runs load
+        skip_tokenizer_init=True,
+        max_model_len=256,
+        speculative_config={"method": "mtp", "num_speculative_tokens": 1, **(speculative_options or {})},
+        **(cache_options or {}),
     )
-    return VllmConfig(
-        model_config=model_config,
-        speculative_config=speculative_config,
-        cache_config=CacheConfig(**(cache_options or {})),
-    )
+    return engine_args.create_engine_config()
 
 
 def has_draft_quant_config() -> bool:
