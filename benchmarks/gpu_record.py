@@ -92,15 +92,15 @@ def table(record: dict) -> str:
         f"on / off; start-up with MTP on / off. Reproduce: {REPRODUCE}.",
         "",
         "| checkpoint (MTP layer BF16) | stock vLLM, MTP on | with the series (BF16 model's) "
-        "| greedy = MTP off "
+        f"| greedy = MTP off (batch {BATCHES[1]} / {BATCHES[0]}) "
         f"| tok/s batch {BATCHES[1]} | tok/s batch {BATCHES[0]} | peak GiB | start-up s |",
         "|---|---|---|---|---|---|---|---|",
     ]
     for row in record["rows"]:
-        rates = row["tokens_per_s"]
+        rates, equal = row["tokens_per_s"], row["greedy_equal_to_mtp_off"]
         lines.append(
             f"| {row['case']} | {row['stock'][:80]} | {row['series'][:60]} ({row['bf16_reference'][:40]}) "
-            f"| {' / '.join('yes' if equal else 'no' for equal in row['greedy_equal_to_mtp_off'].values())} "
+            f"| {' / '.join('yes' if equal[batch] else 'no' for batch in BATCHES[::-1])} "
             f"| {' / '.join(map(str, rates[BATCHES[1]]))} | {' / '.join(map(str, rates[BATCHES[0]]))} "
             f"| {row['peak_gpu_gib']} | {' / '.join(map(str, row['startup_s']))} |"
         )
