@@ -64,6 +64,9 @@ HOST_PACKAGES = {
     "numpy": "2.5.2",
     "tokenizers": "0.23.2",
 }
+# Not on the host (issue 43: "pydantic? NOT listed, assume absent"), though the newest typer requires it:
+# the mirror venv drops them after pip installs them.
+HOST_ABSENT = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
 # The CUDA 13 libraries torch pulls in (nvidia-*-cu13, nvidia-cublas, ...) are the host's too; the
 # compiler pieces of cuda-toolkit's extras and the CUTLASS DSL are not among its listed packages.
 HOST_NVIDIA = re.compile(r"nvidia-(?!cutlass-dsl|cudnn-frontend|ml-py|cuda-nvcc|cuda-cccl|cuda-crt|nvvm)")
@@ -80,6 +83,8 @@ TRIMMED = {
 }
 _PIP_DOWNLOAD_TAGS = ["--python-version", "3.12", "--implementation", "cp", "--only-binary=:all:"]
 _MISSING_MODULE = re.compile(r"ModuleNotFoundError: No module named '([\w.]+)'")
+# A traceback's frame in the dry run's site: the top-level package of the module that imports.
+_IMPORTER = re.compile(r'File "[^"]*/site/(\w+)[/.]')
 
 
 class KitError(MtpqError, RuntimeError):
@@ -105,6 +110,23 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
             f"{(done.stderr or done.stdout).strip().splitlines()[-1:]}"
         )
     return done
+
+
+def compressed_tree(tree: Path, patched: Path) -> Path:
+    """The trimmed tree as tar.xz, cached by the patched wheel's bytes (apply.py --wheel makes the same
+    bytes from the same series) and the trims."""
+    key = hashlib.sha256(f"{sha256_of(patched)} {sorted(TRIMMED)}".encode()).hexdigest()[:12]
+    compressed = cache_root() / "gpukit" / f"vllm-{VERSION}-{key}.tar.xz"
+    if not compressed.exists():
+        print("compressing the trimmed vLLM tree (xz, a few minutes on 2 cores)", flush=True)
+        part = compressed.with_suffix(".part")
+        with part.open("wb") as out:
+            tar = subprocess.Popen(["tar", "-C", tree, "-cf", "-", "."], stdout=subprocess.PIPE)
+            subprocess.run(["xz", "-T2", "-6"], stdin=tar.stdout, stdout=out, check=True)
+            if tar.wait() != 0:
+                raise KitError("tar of the vLLM tree failed")
+        part.replace(compressed)
+    return compressed
 
 
 def series_id() -> str:
@@ -154,13 +176,14 @@ def mirror_venv(resolved: list[dict]) -> Path:
         for item in resolved
         if on_host(item["name"])
     )
-    key = hashlib.sha256("\n".join([MIRROR_PYTHON, *specs]).encode()).hexdigest()[:12]
+    key = hashlib.sha256("\n".join([MIRROR_PYTHON, *specs, *HOST_ABSENT]).encode()).hexdigest()[:12]
     venv = cache_root() / "gpukit" / f"host-venv-{key}"
     if not (venv / ".mtpq-ready").exists():
         shutil.rmtree(venv, ignore_errors=True)
         print(f"building the host's mirror venv in {venv} (once)", flush=True)
         _run([MIRROR_PYTHON, "-m", "venv", venv])
         _run([venv / "bin" / "python", "-m", "pip", "install", "-q", *specs], env=pip_environment())
+        _run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", *HOST_ABSENT])
         (venv / ".mtpq-ready").touch()
     return venv
 
@@ -170,17 +193,34 @@ def mirror_python() -> Path:
     return mirror_venv(resolved_requirements(official)) / "bin" / "python"
 
 
-def stock_delta(official: Path, patched: Path) -> tuple[dict[str, bytes], list[str]]:
-    """The official wheel's bytes of each vllm/ file the series changes, and the files it adds."""
+def write_stock(official: Path, patched: Path, stock: Path) -> None:
+    """stock/originals/: the official wheel's bytes of each vllm/ file the series changes;
+    stock/added.txt: the files it adds."""
     with zipfile.ZipFile(official) as old, zipfile.ZipFile(patched) as new:
         old_names = {name for name in old.namelist() if name.startswith("vllm/")}
         new_names = {name for name in new.namelist() if name.startswith("vllm/")}
-        changed = {
-            name: old.read(name)
-            for name in sorted(old_names & new_names)
-            if old.getinfo(name).CRC != new.getinfo(name).CRC or old.read(name) != new.read(name)
-        }
-        return changed, sorted(new_names - old_names)
+        for name in sorted(old_names & new_names):
+            if old.read(name) != new.read(name):
+                (stock / "originals" / name).parent.mkdir(parents=True, exist_ok=True)
+                (stock / "originals" / name).write_bytes(old.read(name))
+        (stock / "added.txt").write_text("".join(f"{name}\n" for name in sorted(new_names - old_names)))
+
+
+def stock_tree(site: Path, stock: Path) -> Path:
+    """site's vllm/ as the official wheel has it, beside site (first on PYTHONPATH for stock runs): hard
+    links to site's files, the originals (`write_stock`) in place of the changed ones, the added ones
+    gone."""
+    tree = site.with_name(f"{site.name}-stock")
+    shutil.rmtree(tree, ignore_errors=True)
+    shutil.copytree(site / "vllm", tree / "vllm", copy_function=os.link)
+    for original in (stock / "originals").rglob("*"):
+        if original.is_file():
+            target = tree / original.relative_to(stock / "originals")
+            target.unlink(missing_ok=True)  # a hard link to the patched file: replace, never write through
+            shutil.copyfile(original, target)
+    for name in (stock / "added.txt").read_text().split():
+        (tree / name).unlink()
+    return tree
 
 
 def unpack_trimmed(wheel: Path, into: Path) -> None:
@@ -199,14 +239,28 @@ def top_level_modules(wheel: Path) -> set[str]:
     return {name.removesuffix(".py").split(".")[0] for name in names if ".dist-info" not in name}
 
 
-def provider(module: str, pool: list[dict], tried: set[str]) -> dict:
-    """The resolved dist whose wheel holds top-level `module`: candidates by name likeness, each one
-    downloaded (sha256-verified, cached) and looked into."""
+def requirement_names(wheel: Path) -> set[str]:
+    with zipfile.ZipFile(wheel) as archive:
+        (metadata,) = [name for name in archive.namelist() if name.endswith(".dist-info/METADATA")]
+        lines = archive.read(metadata).decode().splitlines()
+    return {
+        normalized(re.split(r"[ ;<>=!~\[(]", line.split(":", 1)[1].strip())[0])
+        for line in lines
+        if line.startswith("Requires-Dist:")
+    }
+
+
+def provider(module: str, pool: list[dict], tried: set[str], preferred: set[str]) -> dict:
+    """The resolved dist whose wheel holds top-level `module`: the importer's requirements (`preferred`)
+    first, then candidates by name likeness, each downloaded (sha256-verified, cached) and looked into."""
     ranked = sorted(
         (item for item in pool if item["name"] not in tried),
-        key=lambda item: -difflib.SequenceMatcher(None, normalized(module), item["name"]).ratio(),
+        key=lambda item: (
+            item["name"] not in preferred,
+            -difflib.SequenceMatcher(None, normalized(module), item["name"]).ratio(),
+        ),
     )
-    for item in ranked[:8]:
+    for item in ranked[: len(preferred) + 8]:
         wheel = fetch(Artifact(item["name"], item["filename"], item["sha256"]))
         if module in top_level_modules(wheel):
             return {**item, "wheel": wheel}
@@ -237,14 +291,18 @@ def install_wheels(python: Path, wheels: list[Path], site: Path) -> None:
 
 def dry_run(python: Path, site: Path, scratch: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(map(str, [site, ROOT]))}
-    command = [python, "-m", "benchmarks.gpu_run", "--dry-run", "--out", scratch / "dry-run"]
+    command = [python, "-m", "benchmarks.gpu_run", "--dry-run", "--site", site, "--out", scratch / "dry-run"]
     return subprocess.run(list(map(str, command)), capture_output=True, text=True, env=env, cwd=ROOT)
 
 
-def dependencies_by_trying(vllm_tree: Path, python: Path, pool: list[dict], scratch: Path) -> list[dict]:
-    """Install the trimmed vLLM tree, dry-run, add the dist of each missing module, until it passes."""
+def dependencies_by_trying(
+    vllm_tree: Path, stock: Path, python: Path, pool: list[dict], scratch: Path
+) -> list[dict]:
+    """Install the trimmed vLLM tree (and the stock one beside it), dry-run, add the dist of each missing
+    module, until it passes."""
     site = scratch / "site"
     shutil.copytree(vllm_tree, site, copy_function=os.link)
+    stock_tree(site, stock)
     chosen: list[dict] = []
     while True:
         done = dry_run(python, site, scratch)
@@ -255,25 +313,23 @@ def dependencies_by_trying(vllm_tree: Path, python: Path, pool: list[dict], scra
             tail = (done.stdout + done.stderr).strip().splitlines()[-20:]
             raise KitError("the dry run failed, not on a missing module:\n" + "\n".join(tail))
         module = missing[-1].split(".")[0]
-        found = provider(module, pool, {item["name"] for item in chosen})
+        importer = _IMPORTER.findall(done.stdout + done.stderr)[-1:]
+        wheels = [
+            item["wheel"] for item in chosen if importer and importer[0] in top_level_modules(item["wheel"])
+        ]
+        preferred = requirement_names(wheels[0]) if wheels else set()
+        found = provider(module, pool, {item["name"] for item in chosen}, preferred)
         print(f"  the dry run misses {module!r}: adding {found['filename']}", flush=True)
         chosen.append(found)
         install_wheels(python, [found["wheel"]], site)
 
 
-def write_payload(payload: Path, vllm_xz: Path, wheels: list[Path], stock: tuple[dict, list]) -> None:
-    originals, added = stock
+def write_payload(payload: Path, vllm_xz: Path, wheels: list[Path], stock: Path) -> None:
     with tarfile.open(payload, "w", format=tarfile.PAX_FORMAT) as tar:
         tar.add(vllm_xz, "vllm.tar.xz")
         for wheel in wheels:
             tar.add(wheel, f"wheels/{wheel.name}")
-        listing = payload.with_name("added.txt")
-        listing.write_text("".join(f"{name}\n" for name in added))
-        tar.add(listing, "stock/added.txt")
-        for name, data in originals.items():
-            original = payload.with_name("original")
-            original.write_bytes(data)
-            tar.add(original, f"stock/originals/{name}")
+        tar.add(stock, "stock")
 
 
 def split(payload: Path, kit: Path) -> list[dict]:
@@ -317,7 +373,7 @@ def inputs_key() -> str:
     """What the kit is made from: the series, the trims and the host's packages (`build` remakes it
     whatever the key, after a change to what the run imports)."""
     digest = hashlib.sha256(series_id().encode())
-    digest.update(json.dumps([TRIMMED, HOST_PACKAGES, HOST_NVIDIA.pattern, PART_BYTES]).encode())
+    digest.update(json.dumps([TRIMMED, HOST_PACKAGES, HOST_ABSENT, HOST_NVIDIA.pattern, PART_BYTES]).encode())
     return digest.hexdigest()[:16]
 
 
@@ -343,19 +399,15 @@ def build(kit: Path = KIT) -> dict:
         (patched,) = (scratch / "wheel").glob("*.whl")
         tree = scratch / "vllm"
         unpack_trimmed(patched, tree)
-        print("compressing the trimmed vLLM tree (xz, a few minutes on 2 cores)", flush=True)
-        vllm_xz = scratch / "vllm.tar.xz"
-        with vllm_xz.open("wb") as out:
-            tar = subprocess.Popen(["tar", "-C", tree, "-cf", "-", "."], stdout=subprocess.PIPE)
-            subprocess.run(["xz", "-T2", "-6"], stdin=tar.stdout, stdout=out, check=True)
-            if tar.wait() != 0:
-                raise KitError("tar of the vLLM tree failed")
+        vllm_xz = compressed_tree(tree, patched)
         pool = [item for item in resolved_requirements(official) if not on_host(item["name"])]
         python = mirror_python()
+        stock = scratch / "stock"
+        write_stock(official, patched, stock)
         print("finding the dependency wheels by trying (dry runs in the host's mirror venv)", flush=True)
-        wheels = dependencies_by_trying(tree, python, pool, scratch)
+        wheels = dependencies_by_trying(tree, stock, python, pool, scratch)
         payload = scratch / "payload.tar"
-        write_payload(payload, vllm_xz, [item["wheel"] for item in wheels], stock_delta(official, patched))
+        write_payload(payload, vllm_xz, [item["wheel"] for item in wheels], stock)
         shutil.rmtree(kit, ignore_errors=True)
         kit.mkdir(parents=True)
         parts = split(payload, kit)
@@ -432,10 +484,8 @@ class _Parts:
             self.current = None
 
 
-def install(kit: Path, site: Path) -> Path:
-    """Install the kit into `site` (for PYTHONPATH) and the stock vLLM beside it; return the stock dir:
-    a copy of site's vllm/ (hard links) with the official originals of the files the series changes and
-    without the files it adds, first on PYTHONPATH before `site`."""
+def install(kit: Path, site: Path) -> None:
+    """Install the kit into `site` (for PYTHONPATH) and the stock vLLM beside it (`stock_tree`)."""
     payload = kit / "payload"
     shutil.rmtree(payload, ignore_errors=True)
     with tarfile.open(fileobj=_Parts(verified_parts(kit)), mode="r|") as tar:
@@ -444,18 +494,8 @@ def install(kit: Path, site: Path) -> Path:
     install_wheels(Path(sys.executable), sorted((payload / "wheels").glob("*.whl")), site)
     with tarfile.open(payload / "vllm.tar.xz") as tar:
         tar.extractall(site, filter="tar")
-    stock = site.with_name(f"{site.name}-stock")
-    shutil.rmtree(stock, ignore_errors=True)
-    shutil.copytree(site / "vllm", stock / "vllm", copy_function=os.link)
-    for original in (payload / "stock" / "originals").rglob("*"):
-        if original.is_file():
-            target = stock / original.relative_to(payload / "stock" / "originals")
-            target.unlink(missing_ok=True)  # a hard link to the patched file: replace, never write through
-            shutil.copyfile(original, target)
-    for name in (payload / "stock" / "added.txt").read_text().split():
-        (stock / name).unlink()
+    stock = stock_tree(site, payload / "stock")
     print(f"installed into {site}; stock vLLM in {stock}", flush=True)
-    return stock
 
 
 def main(argv=None) -> int:

@@ -248,16 +248,36 @@ def run_all(out: Path, site: Path) -> None:
 # --- the dry run (no GPU) ---------------------------------------------------------------------------
 
 
+class _Kernel:
+    """A kernel of vllm._C in the dry run: modules may name it and its overloads as they are imported
+    (compilation passes match on them); calling it is a GPU's work."""
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __getattr__(self, overload: str) -> _Kernel:
+        return _Kernel(f"{self.name}.{overload}")
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"vllm._C.{self.name} runs on the GPU only (dry run)")
+
+
 class _H200Kernels:
-    """torch.ops._C for the dry run: the answers an H200's vllm._C gives to the capability queries vLLM's
-    modules make as they are imported; any other kernel is missing, as on a CPU."""
+    """torch.ops._C for the dry run: the answers an H200 gives to the capability queries vLLM's modules
+    make as they are imported, and, once `naming`, every other kernel named. Not while vllm._custom_ops
+    is imported: it registers fake implementations for the kernels it finds, which need real ones."""
 
     ANSWERS = {"cutlass_scaled_mm_supports_fp8": True, "cutlass_scaled_mm_supports_block_fp8": True}
 
+    def __init__(self):
+        self.naming = False
+
     def __getattr__(self, name: str):
-        if name not in self.ANSWERS:
-            raise AttributeError(f"vllm._C.{name}: a kernel (the dry run has none)")
-        return lambda *args, **kwargs: self.ANSWERS[name]
+        if name in self.ANSWERS:
+            return lambda *args, **kwargs: self.ANSWERS[name]
+        if not self.naming:
+            raise AttributeError(name)
+        return _Kernel(name)
 
 
 def pretend_hopper() -> None:
@@ -268,8 +288,11 @@ def pretend_hopper() -> None:
 
     for extension in ("vllm._C", "vllm._C_stable_libtorch", "vllm.vllm_flash_attn._vllm_fa3_C"):
         sys.modules.setdefault(extension, types.ModuleType(extension))
-    torch.ops._C = _H200Kernels()
+    torch.ops._C = kernels = _H200Kernels()
+    import vllm._custom_ops  # noqa: F401
     import vllm.platforms
+
+    kernels.naming = True
     from vllm.platforms.cuda import NonNvmlCudaPlatform
     from vllm.platforms.interface import DeviceCapability
 
@@ -305,12 +328,35 @@ GPU_MODULES = (
 )
 
 
-def dry_run(out: Path) -> None:
-    """Each run's checkpoint built and its engine config created as the host's would be, and the modules
-    its engine imports (its model and draft classes among them) imported; a missing one fails here."""
+def dry_run(out: Path, site: Path) -> None:
+    """Each run configured under its variant's vLLM (dry_run_variant in a process of its own); all the
+    configurations in out/dry-run.json."""
+    configs = {}
+    for variant in dict.fromkeys(gpu_run.run.variant for gpu_run in plan()):
+        env = {**os.environ, "PYTHONPATH": pythonpath(variant, site)}
+        command = [sys.executable, "-m", "benchmarks.gpu_run", "--dry-run-variant", variant]
+        done = subprocess.run(command, stdout=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+        if done.returncode != 0:
+            raise SystemExit(f"the dry run of the {variant} runs failed (exit {done.returncode})")
+        configured = json.loads(done.stdout.strip().splitlines()[-1])
+        expected = pythonpath(variant, site).split(os.pathsep)[0]
+        if wrong := [
+            key for key, config in configured.items() if not config["vllm_file"].startswith(expected)
+        ]:
+            raise SystemExit(f"the dry run of {wrong[0]} imported vLLM from outside {expected}")
+        configs |= configured
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "dry-run.json").write_text(json.dumps(configs, indent=2) + "\n")
+
+
+def dry_run_variant(variant: str) -> None:
+    """In this process, under the variant's vLLM: each of its runs' checkpoint built and engine config
+    created as the host's would be, and the modules its engine imports (its model and draft classes
+    among them) imported; a missing one fails here. Prints the configurations as JSON."""
     import importlib
 
     pretend_hopper()
+    import vllm
     from vllm.config import SpeculativeConfig
     from vllm.engine.arg_utils import EngineArgs
     from vllm.transformers_utils.config import get_config
@@ -320,10 +366,10 @@ def dry_run(out: Path) -> None:
 
     for module in GPU_MODULES:
         importlib.import_module(module)
+    configs = {}
     with tempfile.TemporaryDirectory(prefix="mtpq-gpu-dry-") as scratch:
         checkpoint_of = checkpoint_source(Path(scratch))
-        configs = {}
-        for gpu_run in plan():
+        for gpu_run in [gpu_run for gpu_run in plan() if gpu_run.run.variant == variant]:
             spec = spec_of(gpu_run, checkpoint_of)
             model = spec["model"]
             target = get_config(model, trust_remote_code=True)
@@ -333,13 +379,13 @@ def dry_run(out: Path) -> None:
             inspect_in_process(*dict.fromkeys([*target.architectures, *draft.architectures]))
             config = EngineArgs(**engine_arguments(spec)).create_engine_config()
             configs[gpu_run.key] = {
+                "vllm_file": vllm.__file__,
                 "quantization": config.model_config.quantization,
                 "speculative": str(config.speculative_config),
                 "cudagraph_mode": str(config.compilation_config.cudagraph_mode),
             }
-            print(f"configured {gpu_run.key}", flush=True)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dry-run.json").write_text(json.dumps(configs, indent=2) + "\n")
+            print(f"configured {gpu_run.key}", file=sys.stderr, flush=True)
+    print(json.dumps(configs), flush=True)
 
 
 def main(argv=None) -> int:
@@ -354,11 +400,14 @@ def main(argv=None) -> int:
         "runs the host's own commands)",
     )
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # one engine run's spec (a child process)
+    parser.add_argument("--dry-run-variant", help=argparse.SUPPRESS)  # a child process of the dry run
     args = parser.parse_args(argv)
     if args.engine:
         engine(json.loads(args.engine))
+    elif args.dry_run_variant:
+        dry_run_variant(args.dry_run_variant)
     elif args.dry_run:
-        dry_run(args.out)
+        dry_run(args.out, args.site)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
         run_all(args.out, args.site)
