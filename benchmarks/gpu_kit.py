@@ -70,8 +70,10 @@ HOST_ABSENT = ("pydantic", "pydantic-core", "annotated-types", "typing-inspectio
 # The CUDA 13 libraries torch pulls in (nvidia-*-cu13, nvidia-cublas, ...) are the host's too; the
 # compiler pieces of cuda-toolkit's extras and the CUTLASS DSL are not among its listed packages.
 HOST_NVIDIA = re.compile(r"nvidia-(?!cutlass-dsl|cudnn-frontend|ml-py|cuda-nvcc|cuda-cccl|cuda-crt|nvvm)")
-# Files of the wheel an H100/H200 run of LLM() never loads, and why (measured: README, GPU results).
+# Files of the wheels (vLLM's, its dependencies') an H100/H200 run of LLM() never loads, and why.
 TRIMMED = {
+    "xgrammar/lib/libxgrammar.a": "the static library C++ builds link xgrammar with; Python loads "
+    "xgrammar/libxgrammar_bindings.so",
     "vllm/vllm_flash_attn/_vllm_fa2_C.abi3.so": "FlashAttention 2: on SM90 vLLM runs FA3 "
     "(vllm/v1/attention/backends/fa_utils.py: get_flash_attn_version); FA2 only for ALiBi or batch "
     "invariance, and its import is guarded (FA2_AVAILABLE)",
@@ -115,7 +117,8 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
 def compressed_tree(tree: Path, patched: Path) -> Path:
     """The trimmed tree as tar.xz, cached by the patched wheel's bytes (apply.py --wheel makes the same
     bytes from the same series) and the trims."""
-    key = hashlib.sha256(f"{sha256_of(patched)} {sorted(TRIMMED)}".encode()).hexdigest()[:12]
+    trims = sorted(name for name in TRIMMED if name.startswith("vllm/"))
+    key = hashlib.sha256(f"{sha256_of(patched)} {trims}".encode()).hexdigest()[:12]
     compressed = cache_root() / "gpukit" / f"vllm-{VERSION}-{key}.tar.xz"
     if not compressed.exists():
         print("compressing the trimmed vLLM tree (xz, a few minutes on 2 cores)", flush=True)
@@ -233,6 +236,29 @@ def unpack_trimmed(wheel: Path, into: Path) -> None:
                 os.chmod(into / info.filename, mode)
 
 
+def trimmed_wheel(wheel: Path) -> Path:
+    """The wheel without its TRIMMED files (and their RECORD lines), cached; the wheel itself if it has
+    none."""
+    with zipfile.ZipFile(wheel) as archive:
+        if not TRIMMED.keys() & set(archive.namelist()):
+            return wheel
+        trimmed = cache_root() / "gpukit" / "trimmed" / wheel.name
+        if not trimmed.exists():
+            trimmed.parent.mkdir(parents=True, exist_ok=True)
+            part = trimmed.with_suffix(".part")
+            with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as out:
+                for info in archive.infolist():
+                    if info.filename in TRIMMED:
+                        continue
+                    data = archive.read(info)
+                    if info.filename.endswith(".dist-info/RECORD"):
+                        lines = data.decode().splitlines(keepends=True)
+                        data = "".join(line for line in lines if line.split(",")[0] not in TRIMMED).encode()
+                    out.writestr(info, data, compress_type=zipfile.ZIP_DEFLATED)
+            part.replace(trimmed)
+    return trimmed
+
+
 def top_level_modules(wheel: Path) -> set[str]:
     with zipfile.ZipFile(wheel) as archive:
         names = {name.split("/")[0] for name in archive.namelist()}
@@ -263,7 +289,7 @@ def provider(module: str, pool: list[dict], tried: set[str], preferred: set[str]
     for item in ranked[: len(preferred) + 8]:
         wheel = fetch(Artifact(item["name"], item["filename"], item["sha256"]))
         if module in top_level_modules(wheel):
-            return {**item, "wheel": wheel}
+            return {**item, "wheel": trimmed_wheel(wheel), "fetched": wheel}
     raise KitError(f"no requirement of vLLM {VERSION} provides the module {module!r} the dry run misses")
 
 
@@ -412,6 +438,7 @@ def build(kit: Path = KIT) -> dict:
         kit.mkdir(parents=True)
         parts = split(payload, kit)
         dependency_bytes = sum(item["wheel"].stat().st_size for item in wheels)
+        untrimmed_bytes = patched.stat().st_size + sum(item["fetched"].stat().st_size for item in wheels)
         manifest = {
             "inputs": key,
             "vllm": VERSION,
@@ -421,12 +448,12 @@ def build(kit: Path = KIT) -> dict:
                 {key: item[key] for key in ("name", "version", "filename", "sha256")} for item in wheels
             ],
             "trimmed": TRIMMED,
-            # Parts needed: the patched wheel as it is beside the wheels, against the trimmed tree as xz.
+            # Parts needed: the patched wheel and the dependency wheels as they are, against the kit's.
             "sizes": {
                 "wheel_zip_bytes": patched.stat().st_size,
                 "vllm_tar_xz_bytes": vllm_xz.stat().st_size,
                 "dependency_bytes": dependency_bytes,
-                "parts_untrimmed_zip": parts_needed(patched.stat().st_size + dependency_bytes),
+                "parts_untrimmed_zip": parts_needed(untrimmed_bytes),
                 "parts": len(parts),
             },
         }

@@ -161,15 +161,10 @@ class Engines:
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
         }
         command = [sys.executable, "-m", "benchmarks.gpu_run", "--engine", json.dumps(spec)]
-        with log.open("w") as stderr:
+        # Files, not pipes: nothing reads an engine's output until it ends.
+        with log.open("w") as stderr, log.with_suffix(".json").open("w") as stdout:
             process = subprocess.Popen(
-                command,
-                stdout=subprocess.PIPE,
-                stderr=stderr,
-                text=True,
-                env=env,
-                cwd=ROOT,
-                start_new_session=True,
+                command, stdout=stdout, stderr=stderr, env=env, cwd=ROOT, start_new_session=True
             )
         self.running[process] = (gpu_run, time.monotonic(), log)
 
@@ -193,7 +188,7 @@ class Engines:
     def reap(self) -> None:
         for process in [process for process in self.running if process.poll() is not None]:
             gpu_run, started, log = self.running.pop(process)
-            lines = process.stdout.read().strip().splitlines()
+            lines = log.with_suffix(".json").read_text().strip().splitlines()
             try:
                 report = json.loads(lines[-1])
             except (IndexError, json.JSONDecodeError):
@@ -215,7 +210,7 @@ def summary(report: dict) -> str:
     tokens = sum(map(len, report["outputs"]))
     return (
         f"acceptance {report['acceptance']}, {tokens / report['generate_s']:.0f} tok/s, start-up "
-        f"{report['startup_s']} s, peak {report['peak_gpu_bytes'] / 2**30:.2f} GiB"
+        f"{report['startup_s']} s, peak {(report.get('peak_gpu_bytes') or 0) / 2**30:.2f} GiB"
     )
 
 

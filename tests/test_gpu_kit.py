@@ -38,7 +38,9 @@ def test_the_host_commands_install_the_kit_and_the_run_dry_runs(tmp_path):
     # The host's commands verbatim, `python3` the mirror venv's, the kit and site under tmp_path.
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (bin_dir / "python3").symlink_to(gpu_kit.mirror_python())
+    python3 = bin_dir / "python3"  # a script, not a link: a venv's python knows its venv by its path
+    python3.write_text(f'#!/bin/sh\nexec "{gpu_kit.mirror_python()}" "$@"\n')
+    python3.chmod(0o755)
     out = tmp_path / "out"
     out.mkdir()
     env = {
