@@ -233,12 +233,9 @@ def in_process_executor():
     return UniProcExecutor
 
 
-def run_one(spec: dict, in_process: bool) -> dict:
-    from vllm import LLM, SamplingParams
-
-    from tests.probes.mtp_vllm import inspect_mtp_classes_in_process
-
-    engine_args = {
+def engine_arguments(spec: dict) -> dict:
+    """The LLM() arguments of one run."""
+    return {
         "model": spec["model"],
         "trust_remote_code": True,
         "dtype": "bfloat16",
@@ -250,6 +247,14 @@ def run_one(spec: dict, in_process: bool) -> dict:
         "tensor_parallel_size": spec.get("tensor_parallel_size", 1),
         **spec.get("engine_args", {}),
     }
+
+
+def run_one(spec: dict, in_process: bool) -> dict:
+    from vllm import LLM, SamplingParams
+
+    from tests.probes.mtp_vllm import inspect_mtp_classes_in_process
+
+    engine_args = engine_arguments(spec)
     inspect_mtp_classes_in_process(spec["model"])
     with ExitStack() as stack:
         if in_process:
