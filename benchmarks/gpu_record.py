@@ -1,7 +1,10 @@
 """The GPU run's record: the host's output (benchmarks/gpu_run.py: host.json, runs.jsonl) turned into
 benchmarks/gpu_results/<date>-<gpu>.json and README.md's GPU table.
 
-    python3 -m benchmarks.gpu_record DIR      # DIR: the files the device tool brought back from $OUT
+    python3 -m benchmarks.gpu_record DIR [DIR ...]   # the files the device tool brought back from $OUT
+
+Several DIRs (host commands of one lease, say a short run and a longer one) are one record: a run measured
+in an earlier DIR is kept, later DIRs add the runs it lacks.
 """
 
 from __future__ import annotations
@@ -24,8 +27,18 @@ REPRODUCE = "python3 -m benchmarks.gpu_kit build, then .gpukit/host-commands.jso
 KEPT = ("acceptance", "accepted_tokens", "draft_tokens", "startup_s", "generate_s", "peak_gpu_bytes", "error")
 
 
-def runs_of(out: Path) -> dict[str, dict]:
-    return {run["key"]: run for run in map(json.loads, (out / "runs.jsonl").read_text().splitlines())}
+def runs_of(outs: list[Path]) -> dict[str, dict]:
+    """Each run's report, the first DIR's where several measured it; runs that did not finish left out."""
+    runs: dict[str, dict] = {}
+    for out in outs:
+        for run in map(json.loads, (out / "runs.jsonl").read_text().splitlines()):
+            if run["key"] not in runs or "error" in runs[run["key"]]:
+                runs[run["key"]] = run
+    return runs
+
+
+def measured(*runs: dict | None) -> bool:
+    return all(run is not None and "error" not in run for run in runs)
 
 
 def tokens_per_s(run: dict | None) -> float | None:
@@ -58,21 +71,12 @@ def row_record(case, runs: dict[str, dict]) -> dict:
         "stock": outcome(run("unpatched", case, {}, big)),
         "series": outcome(on),
         "bf16_reference": outcome(reference),
-        "series_equals_bf16": bool(
-            on
-            and reference
-            and "error" not in on
-            and "error" not in reference
-            and on["acceptance"] == reference["acceptance"]
-        ),
+        # None: not both measured.
+        "series_equals_bf16": (on["acceptance"] == reference["acceptance"])
+        if measured(on, reference)
+        else None,
         "greedy_equal_to_mtp_off": {
-            batch: bool(
-                mtp_on
-                and mtp_off
-                and "outputs" in mtp_on
-                and "outputs" in mtp_off
-                and mtp_on["outputs"] == mtp_off["outputs"]
-            )
+            batch: mtp_on["outputs"] == mtp_off["outputs"] if measured(mtp_on, mtp_off) else None
             for batch, (mtp_on, mtp_off) in series.items()
         },
         "tokens_per_s": {
@@ -96,20 +100,32 @@ def table(record: dict) -> str:
         f"| tok/s batch {BATCHES[1]} | tok/s batch {BATCHES[0]} | peak GiB | start-up s |",
         "|---|---|---|---|---|---|---|---|",
     ]
-    for row in record["rows"]:
+    ran = [row for row in record["rows"] if row["series"] != "not run"]
+    for row in ran:
         rates, equal = row["tokens_per_s"], row["greedy_equal_to_mtp_off"]
         lines.append(
             f"| {row['case']} | {row['stock'][:80]} | {row['series'][:60]} ({row['bf16_reference'][:40]}) "
-            f"| {' / '.join('yes' if equal[batch] else 'no' for batch in BATCHES[::-1])} "
-            f"| {' / '.join(map(str, rates[BATCHES[1]]))} | {' / '.join(map(str, rates[BATCHES[0]]))} "
-            f"| {row['peak_gpu_gib']} | {' / '.join(map(str, row['startup_s']))} |"
+            f"| {' / '.join(_shown(equal[batch]) for batch in BATCHES[::-1])} "
+            f"| {' / '.join(map(_shown, rates[BATCHES[1]]))} | {' / '.join(map(_shown, rates[BATCHES[0]]))} "
+            f"| {_shown(row['peak_gpu_gib'])} | {' / '.join(map(_shown, row['startup_s']))} |"
         )
+    if not_run := [row["case"] for row in record["rows"] if row not in ran]:
+        lines += ["", f"Not run on a GPU yet: {', '.join(not_run)}."]
     return "\n".join(lines)
 
 
-def record(out: Path) -> Path:
-    host = json.loads((out / "host.json").read_text())
-    runs = runs_of(out)
+def _shown(value) -> str:
+    """A table cell: yes / no for a comparison, "–" for what was not measured."""
+    if value is None:
+        return "–"
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
+
+
+def record(outs: list[Path]) -> Path:
+    host = json.loads((outs[0] / "host.json").read_text())
+    runs = runs_of(outs)
     result = {
         "host": host,
         "rows": [row_record(case, runs) for case in ROWS],
@@ -132,7 +148,7 @@ def record(out: Path) -> Path:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("out", type=Path, help="the GPU run's output: host.json, runs.jsonl")
+    parser.add_argument("out", type=Path, nargs="+", help="the GPU run's output: host.json, runs.jsonl")
     args = parser.parse_args(argv)
     print(f"wrote {record(args.out).relative_to(ROOT)} and README.md's GPU table")
     return 0

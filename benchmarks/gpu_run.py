@@ -15,7 +15,6 @@ killed and recorded so. benchmarks/gpu_record.py turns the output into the commi
 from __future__ import annotations
 
 import argparse
-import io
 import json
 import os
 import signal
@@ -53,6 +52,9 @@ ENGINE_ARGS = {"gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 512 * 2*
 WORKERS = 12  # of the host's 16 cores: each engine compiles (Inductor, Triton) on its CPU
 DEADLINE_S = 300  # the issue: the whole host command within ~6 minutes, the install included
 LAUNCH_MARGIN_S = 120  # no engine starts later than this before the deadline: it could not finish
+# The GPU engines' sampler imports FlashInfer for top-k/top-p (topk_topp_sampler.py) unless this is 0;
+# greedy runs sample natively either way, and FlashInfer's JIT kernels would compile on the host.
+ENGINE_ENV = {"VLLM_USE_FLASHINFER_SAMPLER": "0"}
 
 
 @dataclass(frozen=True)
@@ -66,13 +68,13 @@ class GpuRun:
         return f"{self.run.key}:b{self.batch}:{'eager' if self.eager else 'graphs'}"
 
 
-def plan() -> list[GpuRun]:
+def plan(rows: list[Case] = ROWS) -> list[GpuRun]:
     """Every engine run, in priority order. Per row: at batch 16 the series MTP on and off, stock MTP on
     and the family's BF16 checkpoint with the series (the acceptance the series must equal); then the
     series MTP on and off at batch 1; for the first row MTP on eager."""
     runs, families = [], set()
     big, small = BATCHES
-    for index, case in enumerate(ROWS):
+    for index, case in enumerate(rows):
         runs += [GpuRun(EngineRun("patched", case, speculative), big) for speculative in ({}, None)]
         runs.append(GpuRun(EngineRun("unpatched", case, {}), big))
         if case.arch not in families:
@@ -113,9 +115,12 @@ def engine(spec: dict) -> None:
     """Run the probe's engine in this process and print its report with this process's peak GPU memory."""
     from tests.probes import engine_acceptance
 
-    with redirect_stdout(io.StringIO()) as captured:
+    # A file, not a StringIO: vLLM's suppress_stdout (parallel_state.py) redirects the stdout descriptor.
+    with tempfile.TemporaryFile("w+") as captured, redirect_stdout(captured):
         engine_acceptance.main([json.dumps({"run": spec})])
-    verdict = json.loads(captured.getvalue().strip().splitlines()[-1])
+        sys.stdout.flush()
+        captured.seek(0)
+        verdict = json.loads(captured.read().strip().splitlines()[-1])
     import torch
 
     peak = torch.cuda.max_memory_reserved() if torch.cuda.is_available() else None
@@ -159,6 +164,7 @@ class Engines:
             # One compile cache each: engines compiling the same model at once must not share files.
             "VLLM_CACHE_ROOT": str(self.scratch / f"vllm-cache-{index}"),
             "TORCHINDUCTOR_COMPILE_THREADS": "1",
+            **ENGINE_ENV,
         }
         command = [sys.executable, "-m", "benchmarks.gpu_run", "--engine", json.dumps(spec)]
         # Files, not pipes: nothing reads an engine's output until it ends.
@@ -214,28 +220,31 @@ def summary(report: dict) -> str:
     )
 
 
-def run_all(out: Path, site: Path) -> None:
+def run_all(out: Path, site: Path, deadline_s: float = DEADLINE_S, rows: int = len(ROWS)) -> None:
+    """The first `rows` rows' runs, none started later than LAUNCH_MARGIN_S before deadline_s (a third of a
+    short deadline), any still running at deadline_s killed."""
+    last_launch = max(deadline_s - LAUNCH_MARGIN_S, deadline_s / 3)
     started = time.monotonic()
     (out / "host.json").write_text(json.dumps(host_line(), indent=2) + "\n")
     with tempfile.TemporaryDirectory(prefix="mtpq-gpu-") as scratch_dir:
         scratch = Path(scratch_dir)
         checkpoint_of = checkpoint_source(scratch)
         engines = Engines(out, site, scratch)
-        pending = plan()
+        pending = plan(ROWS[:rows])
         while pending or engines.running:
             elapsed = time.monotonic() - started
-            while pending and len(engines.running) < WORKERS and elapsed < DEADLINE_S - LAUNCH_MARGIN_S:
+            while pending and len(engines.running) < WORKERS and elapsed < last_launch:
                 gpu_run = pending.pop(0)
                 engines.start(gpu_run, spec_of(gpu_run, checkpoint_of))
             engines.reap()
-            if elapsed > DEADLINE_S - LAUNCH_MARGIN_S and pending:
+            if elapsed > last_launch and pending:
                 for gpu_run in pending:
                     engines.record(
                         gpu_run, time.monotonic(), Path(os.devnull), {"error": "not started: deadline"}
                     )
                 pending.clear()
-            if elapsed > DEADLINE_S:
-                engines.kill_all(f"killed at the {DEADLINE_S} s deadline")
+            if elapsed > deadline_s:
+                engines.kill_all(f"killed at the {deadline_s:.0f} s deadline")
             time.sleep(0.5)
     print(f"done in {time.monotonic() - started:.0f} s", flush=True)
 
@@ -307,9 +316,20 @@ def pretend_hopper() -> None:
     vllm.platforms._current_platform = DryRunH200()
 
 
-# The modules a GPU engine run imports beyond what configuring it does: the worker, its attention
-# backends (FlashAttention 3, MLA's FlashMLA and Triton, Gated DeltaNet), fused MoE, the MTP proposer.
+# The modules a GPU engine run imports beyond what configuring it does: the probe's entry (`from vllm
+# import LLM`, whose pooling entrypoints import FastAPI), the engine and its in-process executor, the
+# worker, its attention backends (FlashAttention 3, MLA's FlashMLA and Triton, Gated DeltaNet), fused
+# MoE, the MTP proposer, the sampler and structured output.
 GPU_MODULES = (
+    "vllm.entrypoints.llm",
+    "tests.probes.engine_acceptance",
+    "vllm.v1.engine.llm_engine",
+    "vllm.v1.engine.core",
+    "vllm.v1.engine.core_client",
+    "vllm.v1.executor.uniproc_executor",
+    "vllm.v1.executor.multiproc_executor",
+    "vllm.v1.sample.rejection_sampler",
+    "vllm.v1.structured_output",
     "vllm.v1.worker.gpu_worker",
     "vllm.v1.worker.gpu_model_runner",
     "vllm.v1.attention.backends.flash_attn",
@@ -394,6 +414,10 @@ def main(argv=None) -> int:
         help="no GPU: import and configure every run (also with MTPQ_GPU_DRY_RUN set, as the kit's test "
         "runs the host's own commands)",
     )
+    parser.add_argument(
+        "--deadline", type=float, default=DEADLINE_S, help="seconds for all runs (%(default)s)"
+    )
+    parser.add_argument("--rows", type=int, default=len(ROWS), help="run only the first N rows (all)")
     parser.add_argument("--engine", help=argparse.SUPPRESS)  # one engine run's spec (a child process)
     parser.add_argument("--dry-run-variant", help=argparse.SUPPRESS)  # a child process of the dry run
     args = parser.parse_args(argv)
@@ -405,7 +429,7 @@ def main(argv=None) -> int:
         dry_run(args.out, args.site)
     else:
         args.out.mkdir(parents=True, exist_ok=True)
-        run_all(args.out, args.site)
+        run_all(args.out, args.site, args.deadline, args.rows)
     return 0
 
 
