@@ -591,7 +591,7 @@ AS_DEQUANTIZED_REFERENCE = "drafts as its dequantized reference"
 # kernel and a BF16 matmul of the dequantized weights round differently (which kernel runs W4A16 depends on
 # the CPU: AMX or AVX-512), and a near-tie in the engineered draft's logits can flip a draft token. One
 # flipped token costs at most that token and shifts the drafting by one step (MTP's k tokens): measured
-# 77 of 106 against 78 of 104 (GLM-4.5), 72 of 116 against 73 of 114 (HY V3) on an AMX CPU, equal without.
+# 77 of 106 against 78 of 104 (GLM-4.5), 72 of 116 against 73 accepted (HY V3) on an AMX CPU, equal without.
 FLIPPED_DRAFT_TOKENS = 1
 
 
