@@ -114,12 +114,19 @@ def _run(command: list, **kwargs) -> subprocess.CompletedProcess:
     return done
 
 
+def kit_cache(*parts: str) -> Path:
+    """The kit's folder of the mtpq cache (made on first use): what building it downloads or derives."""
+    folder = cache_root().joinpath("gpukit", *parts)
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
 def compressed_tree(tree: Path, patched: Path) -> Path:
     """The trimmed tree as tar.xz, cached by the patched wheel's bytes (apply.py --wheel makes the same
     bytes from the same series) and the trims."""
     trims = sorted(name for name in TRIMMED if name.startswith("vllm/"))
     key = hashlib.sha256(f"{sha256_of(patched)} {trims}".encode()).hexdigest()[:12]
-    compressed = cache_root() / "gpukit" / f"vllm-{VERSION}-{key}.tar.xz"
+    compressed = kit_cache() / f"vllm-{VERSION}-{key}.tar.xz"
     if not compressed.exists():
         print("compressing the trimmed vLLM tree (xz, a few minutes on 2 cores)", flush=True)
         part = compressed.with_suffix(".part")
@@ -139,9 +146,8 @@ def series_id() -> str:
 def resolved_requirements(official: Path) -> list[dict]:
     """pip's resolution of the official wheel's requirements for CPython 3.12 on this platform: each
     dist's name, version, file and sha256 (the pool the kit's wheels come from). Cached."""
-    report = cache_root() / "gpukit" / f"resolution-{sha256_of(official)[:12]}.json"
+    report = kit_cache() / f"resolution-{sha256_of(official)[:12]}.json"
     if not report.exists():
-        report.parent.mkdir(parents=True, exist_ok=True)
         with scratch_dir("gpukit-resolve") as scratch:
             venv = scratch / "venv"
             _run([MIRROR_PYTHON, "-m", "venv", venv])
@@ -180,7 +186,7 @@ def mirror_venv(resolved: list[dict]) -> Path:
         if on_host(item["name"])
     )
     key = hashlib.sha256("\n".join([MIRROR_PYTHON, *specs, *HOST_ABSENT]).encode()).hexdigest()[:12]
-    venv = cache_root() / "gpukit" / f"host-venv-{key}"
+    venv = kit_cache() / f"host-venv-{key}"
     if not (venv / ".mtpq-ready").exists():
         shutil.rmtree(venv, ignore_errors=True)
         print(f"building the host's mirror venv in {venv} (once)", flush=True)
@@ -242,9 +248,8 @@ def trimmed_wheel(wheel: Path) -> Path:
     with zipfile.ZipFile(wheel) as archive:
         if not TRIMMED.keys() & set(archive.namelist()):
             return wheel
-        trimmed = cache_root() / "gpukit" / "trimmed" / wheel.name
+        trimmed = kit_cache("trimmed") / wheel.name
         if not trimmed.exists():
-            trimmed.parent.mkdir(parents=True, exist_ok=True)
             part = trimmed.with_suffix(".part")
             with zipfile.ZipFile(part, "w", zipfile.ZIP_DEFLATED) as out:
                 for info in archive.infolist():
