@@ -44,7 +44,8 @@ HOST_KIT = "/tmp/mtpq-kit"
 HOST_SITE = "/tmp/site"
 # The Python the host runs (3.12.3 there), for the mirror venv; any 3.12 will do.
 MIRROR_PYTHON = os.environ.get("MTPQ_HOST_PYTHON", "/root/.pyenv/versions/3.12.1/bin/python3")
-# What the host has installed (issue 43), versions where known: neither in the kit nor downloaded.
+# What the host has installed (its image's package list), versions where known: neither in the kit nor
+# downloaded.
 HOST_PACKAGES = {
     **dict.fromkeys(
         "absl-py accelerate aiofiles aiohappyeyeballs aiohttp aiosignal annotated-doc anyio attrs certifi "
@@ -64,7 +65,7 @@ HOST_PACKAGES = {
     "numpy": "2.5.2",
     "tokenizers": "0.23.2",
 }
-# Not on the host (issue 43: "pydantic? NOT listed, assume absent"), though the newest typer requires it:
+# Not in the host's package list, so taken as absent there, though the newest typer requires them:
 # the mirror venv drops them after pip installs them.
 HOST_ABSENT = ("pydantic", "pydantic-core", "annotated-types", "typing-inspection")
 # The CUDA 13 libraries torch pulls in (nvidia-*-cu13, nvidia-cublas, ...) are the host's too; the

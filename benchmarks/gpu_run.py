@@ -50,7 +50,7 @@ MAX_TOKENS = 128
 # pass vLLM's start-up check that this much is free while the other engines hold theirs.
 ENGINE_ARGS = {"gpu_memory_utilization": 0.05, "kv_cache_memory_bytes": 512 * 2**20, "max_num_seqs": 16}
 WORKERS = 12  # of the host's 16 cores: each engine compiles (Inductor, Triton) on its CPU
-DEADLINE_S = 300  # the issue: the whole host command within ~6 minutes, the install included
+DEADLINE_S = 300  # the whole host command within ~6 minutes, the install included
 LAUNCH_MARGIN_S = 120  # no engine starts later than this before the deadline: it could not finish
 # The GPU engines' sampler imports FlashInfer for top-k/top-p (topk_topp_sampler.py) unless this is 0;
 # greedy runs sample natively either way, and FlashInfer's JIT kernels would compile on the host.
