@@ -151,7 +151,7 @@ def resolved_requirements(official: Path) -> list[dict]:
     if not report.exists():
         with scratch_dir("gpukit-resolve") as scratch:
             venv = scratch / "venv"
-            _run([MIRROR_PYTHON, "-m", "venv", venv])
+            _run([host_python(), "-m", "venv", venv])
             _run(
                 [
                     venv / "bin" / "pip",
@@ -191,11 +191,18 @@ def mirror_venv(resolved: list[dict]) -> Path:
     if not (venv / ".mtpq-ready").exists():
         shutil.rmtree(venv, ignore_errors=True)
         print(f"building the host's mirror venv in {venv} (once)", flush=True)
-        _run([MIRROR_PYTHON, "-m", "venv", venv])
+        _run([host_python(), "-m", "venv", venv])
         _run([venv / "bin" / "python", "-m", "pip", "install", "-q", *specs], env=pip_environment())
         _run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", *HOST_ABSENT])
         (venv / ".mtpq-ready").touch()
     return venv
+
+
+def host_python() -> str:
+    """The Python 3.12 the mirror venvs are made with (the host runs 3.12)."""
+    if not Path(MIRROR_PYTHON).is_file():
+        raise KitError(f"no Python 3.12 at {MIRROR_PYTHON}: set MTPQ_HOST_PYTHON to one")
+    return MIRROR_PYTHON
 
 
 def mirror_python() -> Path:
