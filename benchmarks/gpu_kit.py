@@ -11,13 +11,16 @@ part a call into HOST_KIT; the last call installs and runs benchmarks.gpu_run.
 
 The dependency wheels are found by trying: the payload installed into a venv that mirrors the host's
 Python and packages (HOST_PACKAGES), `benchmarks.gpu_run --dry-run` run in it, and the wheel providing
-each module it misses added from vLLM's resolved requirements, until the dry run passes.
+each module it misses added from vLLM's resolved requirements, until the dry run passes. What trying
+found is kept in LOCK (committed): a build starts from it, so one dry run confirms it, and trying adds
+only what a change to the run now imports; `build --relock` finds the set again from nothing.
 """
 
 from __future__ import annotations
 
 import argparse
 import difflib
+import filecmp
 import hashlib
 import json
 import os
@@ -25,6 +28,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import tarfile
 import zipfile
 from pathlib import Path
@@ -37,6 +41,7 @@ ROOT = Path(__file__).resolve().parent.parent
 VERSION = "0.22.1"
 KIT = ROOT / ".gpukit"
 MANIFEST = "manifest.json"
+LOCK = ROOT / "benchmarks" / "gpu_kit.lock.json"
 HOST_COMMANDS = "host-commands.json"
 # 64 MiB a call, less the working tree and the manifest.
 PART_BYTES = 60 * 2**20
@@ -194,8 +199,30 @@ def mirror_venv(resolved: list[dict]) -> Path:
         _run([host_python(), "-m", "venv", venv])
         _run([venv / "bin" / "python", "-m", "pip", "install", "-q", *specs], env=pip_environment())
         _run([venv / "bin" / "python", "-m", "pip", "uninstall", "-q", "-y", *HOST_ABSENT])
+        (mirror_site,) = venv.glob("lib/python3*/site-packages")
+        link_identical_files(mirror_site, Path(sysconfig.get_paths()["purelib"]))
         (venv / ".mtpq-ready").touch()
     return venv
+
+
+def link_identical_files(tree: Path, reference: Path) -> None:
+    """Hard-link each large file of `tree` to its byte-identical twin at the same path under `reference`:
+    the Python running the build pins the same torch as the host where it is the test bed, and then
+    shares its CUDA libraries (~4 GB) with the mirror venv. Nothing is linked across filesystems."""
+    for path in tree.rglob("*"):
+        twin = reference / path.relative_to(tree)
+        if not (path.is_file() and not path.is_symlink() and twin.is_file()):
+            continue
+        mine, theirs = path.stat(), twin.stat()
+        if mine.st_size < 2**20 or mine.st_size != theirs.st_size or mine.st_ino == theirs.st_ino:
+            continue
+        if filecmp.cmp(path, twin, shallow=False):
+            link = path.with_name(f"{path.name}.mtpq-link")
+            try:
+                os.link(twin, link)
+            except OSError:
+                return
+            link.replace(path)
 
 
 def host_python() -> str:
@@ -289,6 +316,12 @@ def requirement_names(wheel: Path) -> set[str]:
     }
 
 
+def fetched_dependency(item: dict) -> dict:
+    """A resolved dist with its wheel downloaded (sha256-verified, cached) and its trimmed wheel."""
+    wheel = fetch(Artifact(item["name"], item["filename"], item["sha256"]))
+    return {**item, "wheel": trimmed_wheel(wheel), "fetched": wheel}
+
+
 def provider(module: str, pool: list[dict], tried: set[str], preferred: set[str]) -> dict:
     """The resolved dist whose wheel holds top-level `module`: the importer's requirements (`preferred`)
     first, then candidates by name likeness, each downloaded (sha256-verified, cached) and looked into."""
@@ -300,9 +333,9 @@ def provider(module: str, pool: list[dict], tried: set[str], preferred: set[str]
         ),
     )
     for item in ranked[: len(preferred) + 8]:
-        wheel = fetch(Artifact(item["name"], item["filename"], item["sha256"]))
-        if module in top_level_modules(wheel):
-            return {**item, "wheel": trimmed_wheel(wheel), "fetched": wheel}
+        found = fetched_dependency(item)
+        if module in top_level_modules(found["fetched"]):
+            return found
     raise KitError(f"no requirement of vLLM {VERSION} provides the module {module!r} the dry run misses")
 
 
@@ -335,14 +368,15 @@ def dry_run(python: Path, site: Path, scratch: Path) -> subprocess.CompletedProc
 
 
 def dependencies_by_trying(
-    vllm_tree: Path, stock: Path, python: Path, pool: list[dict], scratch: Path
+    vllm_tree: Path, stock: Path, python: Path, pool: list[dict], scratch: Path, start: list[dict]
 ) -> list[dict]:
-    """Install the trimmed vLLM tree (and the stock one beside it), dry-run, add the dist of each missing
-    module, until it passes."""
+    """Install the trimmed vLLM tree (and the stock one beside it) and the `start` dists, dry-run, add
+    the dist of each missing module, until it passes."""
     site = scratch / "site"
     shutil.copytree(vllm_tree, site, copy_function=os.link)
     stock_tree(site, stock)
-    chosen: list[dict] = []
+    chosen = [fetched_dependency(item) for item in start]
+    install_wheels(python, [item["wheel"] for item in chosen], site)
     while True:
         done = dry_run(python, site, scratch)
         missing = _MISSING_MODULE.findall(done.stdout + done.stderr)
@@ -409,14 +443,34 @@ def host_commands(parts: list[dict]) -> list[dict]:
 
 
 def inputs_key() -> str:
-    """What the kit is made from: the series, the trims and the host's packages (`build` remakes it
-    whatever the key, after a change to what the run imports)."""
+    """What the kit is made from: the series, the trims, the host's packages and the lock (`build`
+    remakes it whatever the key, after a change to what the run imports)."""
     digest = hashlib.sha256(series_id().encode())
     digest.update(json.dumps([TRIMMED, HOST_PACKAGES, HOST_ABSENT, HOST_NVIDIA.pattern, PART_BYTES]).encode())
+    digest.update(LOCK.read_bytes() if LOCK.exists() else b"")
     return digest.hexdigest()[:16]
 
 
-def build(kit: Path = KIT) -> dict:
+def locked_dependencies(pool: list[dict]) -> list[dict]:
+    """LOCK's dists, as the pool resolves them now (a dist vLLM no longer requires drops out)."""
+    locked = {item["filename"] for item in json.loads(LOCK.read_text())} if LOCK.exists() else set()
+    return [item for item in pool if item["filename"] in locked]
+
+
+def write_lock(dependencies: list[dict]) -> bool:
+    """LOCK holding `dependencies` (name, version, file, sha256; by name); True where that changed it."""
+    fields = ("name", "version", "filename", "sha256")
+    entries = sorted(
+        ({key: item[key] for key in fields} for item in dependencies), key=lambda item: item["name"]
+    )
+    text = json.dumps(entries, indent=2) + "\n"
+    if LOCK.exists() and LOCK.read_text() == text:
+        return False
+    LOCK.write_text(text)
+    return True
+
+
+def build(kit: Path = KIT, relock: bool = False) -> dict:
     pin = load_pins()[VERSION]
     official = fetch(pin.artifact("wheel-x86_64"))
     key = inputs_key()
@@ -443,8 +497,15 @@ def build(kit: Path = KIT) -> dict:
         python = mirror_python()
         stock = scratch / "stock"
         write_stock(official, patched, stock)
-        print("finding the dependency wheels by trying (dry runs in the host's mirror venv)", flush=True)
-        wheels = dependencies_by_trying(tree, stock, python, pool, scratch)
+        start = [] if relock else locked_dependencies(pool)
+        print(
+            f"finding the dependency wheels by trying (dry runs in the host's mirror venv), from "
+            f"{len(start)} locked in {LOCK.name}",
+            flush=True,
+        )
+        wheels = dependencies_by_trying(tree, stock, python, pool, scratch, start)
+        if write_lock(wheels):
+            print(f"{LOCK.relative_to(ROOT)} now holds what trying found: commit it", flush=True)
         payload = scratch / "payload.tar"
         write_payload(payload, vllm_xz, [item["wheel"] for item in wheels], stock)
         shutil.rmtree(kit, ignore_errors=True)
@@ -457,9 +518,7 @@ def build(kit: Path = KIT) -> dict:
             "vllm": VERSION,
             "wheel": patched.name,
             "parts": parts,
-            "dependencies": [
-                {key: item[key] for key in ("name", "version", "filename", "sha256")} for item in wheels
-            ],
+            "dependencies": json.loads(LOCK.read_text()),
             "trimmed": TRIMMED,
             # Parts needed: the patched wheel and the dependency wheels as they are, against the kit's.
             "sizes": {
@@ -543,13 +602,16 @@ def main(argv=None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     building = sub.add_parser("build", help="make the kit (on this machine)")
     building.add_argument("--kit", type=Path, default=KIT, help=f"default: {KIT}")
+    building.add_argument(
+        "--relock", action="store_true", help=f"find the dependency wheels from nothing, not from {LOCK.name}"
+    )
     installing = sub.add_parser("install", help="install a kit (on the host)")
     installing.add_argument("--kit", type=Path, default=Path(HOST_KIT))
     installing.add_argument("--site", type=Path, default=Path(HOST_SITE))
     args = parser.parse_args(argv)
     try:
         if args.command == "build":
-            manifest = build(args.kit)
+            manifest = build(args.kit, args.relock)
             for call in json.loads((args.kit / HOST_COMMANDS).read_text()):
                 print(json.dumps(call))
             print(json.dumps(manifest["sizes"]))

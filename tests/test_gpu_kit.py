@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
@@ -27,7 +26,9 @@ needs_kit_target = pytest.mark.skipif(
 def test_the_host_commands_install_the_kit_and_the_run_dry_runs(tmp_path):
     from benchmarks import gpu_run  # torch, through the checkpoint builders
 
+    locked = gpu_kit.LOCK.read_text()
     manifest = gpu_kit.ensure_kit()
+    assert gpu_kit.LOCK.read_text() == locked, "the run imports more than the lock holds: commit the new lock"
     assert all(part["bytes"] <= gpu_kit.PART_BYTES for part in manifest["parts"])
     calls = json.loads((gpu_kit.KIT / gpu_kit.HOST_COMMANDS).read_text())
     assert [call["carry"][0] for call in calls] == [f".gpukit/{part['name']}" for part in manifest["parts"]]
@@ -60,7 +61,6 @@ def test_the_host_commands_install_the_kit_and_the_run_dry_runs(tmp_path):
     assert sorted(configured) == sorted(run.key for run in gpu_run.plan())
     stock = [config for key, config in configured.items() if key.startswith("unpatched:")]
     assert stock and all(config["vllm_file"].startswith(str(tmp_path / "site-stock")) for config in stock)
-    shutil.rmtree(tmp_path / "site")  # ~600 MB
 
 
 def test_a_missing_damaged_or_out_of_order_part_is_named_in_one_line(tmp_path, monkeypatch):
