@@ -208,7 +208,7 @@ def mirror_venv(resolved: list[dict]) -> Path:
 def link_identical_files(tree: Path, reference: Path) -> None:
     """Hard-link each large file of `tree` to its byte-identical twin at the same path under `reference`:
     the Python running the build pins the same torch as the host where it is the test bed, and then
-    shares its CUDA libraries (~4 GB) with the mirror venv. Nothing is linked across filesystems."""
+    shares its CUDA libraries (~3 GB) with the mirror venv. Nothing is linked across filesystems."""
     for path in tree.rglob("*"):
         twin = reference / path.relative_to(tree)
         if not (path.is_file() and not path.is_symlink() and twin.is_file()):
@@ -473,7 +473,6 @@ def write_lock(dependencies: list[dict]) -> bool:
 def build(kit: Path = KIT, relock: bool = False) -> dict:
     pin = load_pins()[VERSION]
     official = fetch(pin.artifact("wheel-x86_64"))
-    key = inputs_key()
     with scratch_dir("gpukit") as scratch:
         print("patching the wheel (apply.py --wheel)", flush=True)
         _run(
@@ -506,6 +505,7 @@ def build(kit: Path = KIT, relock: bool = False) -> dict:
         wheels = dependencies_by_trying(tree, stock, python, pool, scratch, start)
         if write_lock(wheels):
             print(f"{LOCK.relative_to(ROOT)} now holds what trying found: commit it", flush=True)
+        key = inputs_key()  # after the lock is written: ensure_kit compares against it
         payload = scratch / "payload.tar"
         write_payload(payload, vllm_xz, [item["wheel"] for item in wheels], stock)
         shutil.rmtree(kit, ignore_errors=True)
