@@ -43,6 +43,12 @@ class Patch:
         return self.path.name
 
 
+def file_diffs(text: str) -> list[tuple[str, str]]:
+    """(file it changes, its diff) of each `diff --git` section of a patch's text."""
+    sections = _DIFF_HEADER.split(text)[1:]  # a, b, body, a, b, body, ...
+    return list(zip(sections[1::3], sections[2::3], strict=True))
+
+
 def parse_patch(path: Path) -> Patch:
     """Parse a `git format-patch` file; raise SeriesError naming what is wrong."""
     data = path.read_bytes()
@@ -69,9 +75,8 @@ def parse_patch(path: Path) -> Patch:
         raise SeriesError(f"{path.name}: DEP-3 field(s) missing from the message: {', '.join(missing)}")
     if not re.fullmatch(r"\d{4}-\d{2}-\d{2}", dep3["Last-Update"]):
         raise SeriesError(f"{path.name}: Last-Update must be YYYY-MM-DD, got {dep3['Last-Update']!r}")
-    sections = _DIFF_HEADER.split("diff --git " + diff)[1:]  # a, b, body, a, b, body, ...
     hunks = Counter()
-    for target, body in zip(sections[1::3], sections[2::3], strict=True):
+    for target, body in file_diffs("diff --git " + diff):
         hunks[target] += len(_HUNK_HEADER.findall(body))
     files = tuple(hunks)
     # Long headers are folded over lines (RFC 5322); a name or subject is one line.

@@ -23,7 +23,7 @@ from mtpq.core.download import cache_root, pip_environment, scratch_dir
 from mtpq.core.errors import MtpqError
 from mtpq.core.package_data import package_path
 from mtpq.core.pin import Pin
-from mtpq.core.series import Series
+from mtpq.core.series import Series, file_diffs
 
 LOCK = package_path("mtpq.upstream", "upstream-lint.lock")
 _READY = ".mtpq-ready"
@@ -113,8 +113,9 @@ def review(series: Series) -> HookResult:
     findings = [
         f"{patch.name}: {path}: {rule}: {line.strip()}"
         for patch in series.patches
-        for path, line, in_vllm_import in _added_lines(patch.data.decode(errors="replace"))
+        for path, diff in file_diffs(patch.data.decode())
         if path.startswith("vllm/") and "/tests/" not in path
+        for line, in_vllm_import in _added_lines(diff)
         for rule, pattern in REVIEW_RULES
         if pattern.search(line)
         or (rule == "imports a private vLLM name" and in_vllm_import and _PRIVATE_IMPORTED.match(line))
@@ -123,19 +124,18 @@ def review(series: Series) -> HookResult:
 
 
 def _added_lines(diff: str):
-    """(file, added line, whether it lies inside a parenthesized `from vllm... import (`) of a diff."""
-    path, in_vllm_import = "", False
+    """(added line, whether it lies inside a parenthesized `from vllm... import (`) of a file's diff."""
+    in_vllm_import = False
     for line in diff.splitlines():
-        if line.startswith("+++ "):
-            path, in_vllm_import = line.removeprefix("+++ b/"), False
-        elif line[:1] in (" ", "+") and not line.startswith("+++"):
-            code = line[1:]
-            if line[0] == "+":
-                yield path, code, in_vllm_import
-            if _VLLM_IMPORT_OPENS.match(code):
-                in_vllm_import = True
-            elif in_vllm_import and code.strip().startswith(")"):
-                in_vllm_import = False
+        if line[:1] not in (" ", "+") or line.startswith("+++ "):
+            continue
+        code = line[1:]
+        if line[0] == "+":
+            yield code, in_vllm_import
+        if _VLLM_IMPORT_OPENS.match(code):
+            in_vllm_import = True
+        elif in_vllm_import and code.strip().startswith(")"):
+            in_vllm_import = False
 
 
 def lint(pin: Pin, series: Series, python: str) -> list[HookResult]:
