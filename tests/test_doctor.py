@@ -360,30 +360,9 @@ def test_an_own_group_naming_the_shards_of_a_fused_linear_loses_it_to_linear_on_
 
 MIMO_MTP = "model.mtp_layers.0"
 INT8_GROUP = COMPRESSED_TENSORS["int8"]["config_groups"]["group_0"]
-# quantization_config changes -> the MTP layer's on-disk format and what the start-up check says.
+# quantization_config changes -> the MTP layer's on-disk format and what the series' loading refuses.
+REFUSED_SCHEME = "does not build the MTP layer in the format the checkpoint stores it"
 GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
-    "group-matches-no-mtp-module": (
-        {
-            "config_groups": {
-                "group_0": INT8_GROUP,
-                "mtp_group": {**INT8_GROUP, "targets": [f"{MIMO_MTP}.in_proj"]},
-            }
-        },
-        "int8",
-        "config group 'mtp_group' targets ['model.mtp_layers.0.in_proj'] but matches none of the MTP modules",
-    ),
-    "two-groups-claim-one-module": (
-        {
-            "config_groups": {
-                "group_0": INT8_GROUP,
-                "attn_group": {**INT8_GROUP, "targets": [r"re:model\.mtp_layers\.0\..*"]},
-                "mtp_group": {**INT8_GROUP, "targets": [r"re:.*\.input_proj"]},
-            }
-        },
-        "int8",
-        "MTP module model.mtp_layers.0.input_proj (stored as compressed-tensors INT8 in model.safetensors) "
-        "is claimed by config groups 'attn_group'",
-    ),
     "stored-format-the-scheme-cannot-load": (
         {},
         "fp8-block",
@@ -399,11 +378,9 @@ GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
 
 
 @pytest.mark.parametrize("case", GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER)
-def test_config_groups_that_cannot_build_the_stored_mtp_layer_are_refused_at_start_up_by_the_series(
-    tmp_path, case
-):
-    """The v0.32.0/v0.33.0 series refuse at start-up (their survey's check_mtp_quant_schemes, run
-    here as vLLM runs it); v0.22.1's series has no such check."""
+def test_config_groups_that_cannot_build_the_stored_mtp_layer_are_refused_by_the_series(tmp_path, case):
+    """Every series refuses the load (a tensor its draft parameter would cast, a parameter no tensor
+    loads, a tensor with no parameter): the doctor says so for each release."""
     change, mtp_fmt, words = GROUPS_THAT_CANNOT_BUILD_THE_MTP_LAYER[case]
     layout = LAYOUTS["mimo"]
     quantization = {**compressed_tensors("int8", ["lm_head"]), **change}
@@ -413,15 +390,47 @@ def test_config_groups_that_cannot_build_the_stored_mtp_layer_are_refused_at_sta
 
     found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
 
-    for version in ("0.32.0", NEWEST):
+    for version in (OLDEST, "0.32.0", NEWEST):
         refused = verdict(found, "patched", version)
         assert refused.kind == doctor.CRASH, refused
-        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert refused.error.startswith(f"{tmp_path}/config.json: "), refused
         assert words in refused.error, refused.error
-    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
 
 
-def test_a_modelopt_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up_by_the_series(
+# quantization_config changes that vLLM builds the stored MTP layer with, as the series loads it.
+GROUPS_THAT_BUILD_THE_MTP_LAYER = {
+    "group-matches-no-mtp-module": {
+        "config_groups": {
+            "group_0": INT8_GROUP,
+            "mtp_group": {**INT8_GROUP, "targets": [f"{MIMO_MTP}.in_proj"]},
+        }
+    },
+    "two-groups-of-one-scheme-claim-one-module": {
+        "config_groups": {
+            "group_0": INT8_GROUP,
+            "attn_group": {**INT8_GROUP, "targets": [r"re:model\.mtp_layers\.0\..*"]},
+            "mtp_group": {**INT8_GROUP, "targets": [r"re:.*\.input_proj"]},
+        }
+    },
+}
+
+
+@pytest.mark.parametrize("case", GROUPS_THAT_BUILD_THE_MTP_LAYER)
+def test_config_groups_that_build_the_stored_mtp_layer_are_not_refused(tmp_path, case):
+    """A group naming modules the checkpoint does not store, and two groups of one scheme claiming a
+    module, build what is stored: nothing to refuse."""
+    layout = LAYOUTS["mimo"]
+    quantization = {**compressed_tensors("int8", ["lm_head"]), **GROUPS_THAT_BUILD_THE_MTP_LAYER[case]}
+    tensors = {"model.safetensors": layout.tensors("int8", "int8")}
+    write_checkpoint(tmp_path, quantized(layout, quantization), tensors)
+
+    found = doctor.diagnose(tmp_path, ["0.32.0", NEWEST], "cuda")
+
+    for version in ("0.32.0", NEWEST):
+        assert REFUSED_SCHEME not in (verdict(found, "patched", version).error or "")
+
+
+def test_a_modelopt_config_that_cannot_build_the_stored_mtp_layer_is_refused_by_the_series(
     tmp_path,
 ):
     """FP8-block MTP tensors beside an NVFP4 trunk, described by ModelOpt as NVFP4 (the config's
@@ -446,7 +455,7 @@ def test_a_modelopt_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_
         for version in ("0.32.0", NEWEST):
             refused = verdict(found, "patched", version)
             assert refused.kind == doctor.CRASH, refused
-            assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+            assert refused.error.startswith(f"{tmp_path}/config.json: "), refused
             assert (
                 "(stored as FP8 block (weight_scale_inv) in model.safetensors) is built by "
                 f"{source} as NVFP4, which cannot load FP8 block (weight_scale_inv)"
@@ -472,12 +481,10 @@ GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
 
 
 @pytest.mark.parametrize("case", GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER)
-def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up(
-    tmp_path, case
-):
+def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_refused(tmp_path, case):
     """A GPTQ INT4 MTP layer beside a GPTQ trunk, named by a dynamic rule (GPTQ) or left outside
-    block_name_to_quantize (AutoRound): the v0.32.0/v0.33.0 series refuse (0025), v0.22.1's does not
-    check; a rule that builds what is stored is not refused."""
+    block_name_to_quantize (AutoRound): the series refuse the load (0004/0004b, v0.22.1's 0006/0006b); a
+    rule that builds what is stored is not refused."""
     quantization, words = GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER[case]
     layout = LAYOUTS["mimo"]
     write_checkpoint(
@@ -486,24 +493,23 @@ def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_r
 
     found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
 
-    for version in ("0.32.0", NEWEST):
+    for version in (OLDEST, "0.32.0", NEWEST):
         refused = verdict(found, "patched", version)
         assert refused.kind == doctor.CRASH, refused
-        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert refused.error.startswith(f"{tmp_path}/config.json: "), refused
         assert f"MTP module {MIMO_MTP}." in refused.error and words in refused.error, refused.error
-    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
     rebuilt = {**GPTQ_INT4, "dynamic": {r"+:model\.mtp_layers\..*": {"bits": 4}}}
     write_checkpoint(
         tmp_path, quantized(layout, rebuilt), {"model.safetensors": layout.tensors("gptq", "gptq")}
     )
-    assert "draft_quant_config" not in (
+    assert REFUSED_SCHEME not in (
         verdict(doctor.diagnose(tmp_path, [NEWEST], "cuda"), "patched", NEWEST).error or ""
     )
 
 
 def test_a_gptq_config_vllm_cannot_read_is_a_crash_naming_the_field_not_a_traceback(tmp_path):
-    """A GPTQ config without its bits over a quantized MTP layer: vLLM refuses it at start-up, and so does
-    the series' check, which builds vLLM's config class; the doctor says so."""
+    """A GPTQ config without its bits over a quantized MTP layer: vLLM refuses it at start-up when it
+    builds the config class; the doctor's copy of that class says so."""
     layout = LAYOUTS["mimo"]
     unreadable = {key: value for key, value in GPTQ_INT4.items() if key != "bits"}
     write_checkpoint(
@@ -518,9 +524,9 @@ def test_a_gptq_config_vllm_cannot_read_is_a_crash_naming_the_field_not_a_traceb
         assert refused.error == "ValueError: Cannot find any of ['bits'] in the model's quantization config."
 
 
-def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_start_up_by_the_series(tmp_path):
+def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_by_the_series(tmp_path):
     """FP8 MTP tensors beside an INT8 trunk: a Quark config that builds them with its INT8
-    global_quant_config is refused by the v0.32.0/v0.33.0 series (0026); a layer_quant_config
+    global_quant_config is refused by every series (0004b, v0.22.1's 0006b); a layer_quant_config
     pattern of the MTP layer's own that builds FP8 is not."""
     layout = LAYOUTS["mimo"]
     tensors = {"model.safetensors": layout.tensors("int8", "fp8")}
@@ -528,22 +534,21 @@ def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_at_sta
 
     found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")
 
-    for version in ("0.32.0", NEWEST):
+    for version in (OLDEST, "0.32.0", NEWEST):
         refused = verdict(found, "patched", version)
         assert refused.kind == doctor.CRASH, refused
-        assert refused.error.startswith(f"draft_quant_config='auto': {tmp_path}/config.json: "), refused
+        assert refused.error.startswith(f"{tmp_path}/config.json: "), refused
         assert (
             "MTP module model.mtp_layers.0.input_proj (stored as FP8 (compressed-tensors/ModelOpt) in "
             "model.safetensors) is built by the config's global_quant_config as QuarkW8A8Int8 (weight "
             "int8), which cannot load FP8 (compressed-tensors/ModelOpt)"
         ) in refused.error
-    assert "draft_quant_config" not in (verdict(found, "patched", OLDEST).error or "")
 
     own_pattern = quark(QUARK_INT8, {"model.mtp_layers.0.*": QUARK_FP8})
     write_checkpoint(tmp_path, quantized(layout, own_pattern), tensors)
     found = doctor.diagnose(tmp_path, ["0.32.0", NEWEST], "cuda")
     for version in ("0.32.0", NEWEST):
-        assert "draft_quant_config='auto'" not in (verdict(found, "patched", version).error or "")
+        assert REFUSED_SCHEME not in (verdict(found, "patched", version).error or "")
 
 
 # Each MTP module's on-disk format, as the series' survey labels it.
@@ -727,7 +732,7 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin, instal
     assert module_source(survey_patch()) == applied
     assert survey_patch().parent == newest_pin().series_dir == ROOT / "patches" / "v0.33.0"
     # The decision for this test bed's release is taken from the series its vLLM carries. What the
-    # doctor runs is the file the series leaves (0001a and 0021 add to it): the installed one,
+    # doctor runs is the file the series leaves (0001a adds to it): the installed one,
     # character for character.
     assert (installed_vllm.site / SURVEY_PATH).read_text() == series_source(pin.series_dir)
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")

@@ -160,9 +160,9 @@ def test_ignore_and_targets_match_as_vllms_compressed_tensors_matcher_does():
     assert all(compared.values()), compared
 
 
-def test_the_matchers_the_series_start_up_check_runs_on_without_vllm_are_vllms():
-    """The survey's check_mtp_quant_schemes imports vLLM's compressed-tensors matchers; the doctor
-    serves it mtpq.checkpoint.matching instead (unfused checkpoint names, no fused mapping)."""
+def test_the_doctors_compressed_tensors_matchers_are_vllms():
+    """The doctor resolves each MTP module's compressed-tensors group (mtpq.checkpoint.schemes) with
+    mtpq.checkpoint.matching's copies of vLLM's matchers (unfused checkpoint names, no fused mapping)."""
     # vLLM 0.22.1 keeps it private in compressed_tensors.utils; 0.32 imports config_utils' there.
     vllms_match = getattr(ct_utils, "is_equal_or_regex_match", None) or ct_utils._is_equal_or_regex_match
     rng = random.Random(30)
@@ -231,13 +231,13 @@ def random_modelopt_entry(rng: random.Random) -> str:
 
 @pytest.mark.skipif(
     INSTALLED == "0.22.1",
-    reason="the ModelOpt start-up check is the v0.32.0/v0.33.0 series' (0023); vLLM 0.22.1's ModelOpt "
-    "classes are older (its MXFP8 config has no quant_method)",
+    reason="the doctor's ModelOpt copy follows vLLM 0.32/0.33, whose series refuse what it predicts; "
+    "vLLM 0.22.1's ModelOpt classes are older (its MXFP8 config has no quant_method)",
 )
-def test_the_modelopt_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
-    """The survey's check_mtp_quant_schemes picks vLLM's ModelOpt config class for a config and asks
-    it which modules it excludes and, for MIXED_PRECISION, which quant_algo builds each; the doctor
-    serves it mtpq.checkpoint.matching's instead (unfused checkpoint names)."""
+def test_the_doctors_modelopt_matching_is_vllms():
+    """The doctor picks vLLM's ModelOpt config class for a config and asks it which modules it excludes
+    and, for MIXED_PRECISION, which quant_algo builds each, with mtpq.checkpoint.matching's copies
+    (unfused checkpoint names)."""
     from vllm.model_executor.layers.quantization import get_quantization_config
 
     rng = random.Random(30)
@@ -278,13 +278,13 @@ def random_gptq_rule(rng: random.Random) -> str:
 
 @pytest.mark.skipif(
     INSTALLED == "0.22.1",
-    reason="the GPTQ and AutoRound start-up check is the v0.32.0/v0.33.0 series' (0025), and its served "
-    "matching follows their vLLM; 0.22.1's is_layer_gptq_quantized takes no nested lists",
+    reason="the doctor's GPTQ and AutoRound copy follows vLLM 0.32/0.33, whose series refuse what it "
+    "predicts; 0.22.1's is_layer_gptq_quantized takes no nested lists",
 )
-def test_the_gptq_and_inc_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
-    """The survey's check_mtp_quant_schemes builds vLLM's GPTQ config (dynamic rules,
-    modules_in_block_to_quantize) or AutoRound/INC config (extra_config, block_name_to_quantize) and
-    asks it which bits build each module; the doctor serves it mtpq.checkpoint.matching's instead."""
+def test_the_doctors_gptq_and_inc_matching_is_vllms():
+    """The doctor builds vLLM's GPTQ config (dynamic rules, modules_in_block_to_quantize) or
+    AutoRound/INC config (extra_config, block_name_to_quantize) and asks it which bits build each
+    module, with mtpq.checkpoint.matching's copies."""
     from vllm.model_executor.layers.quantization import get_quantization_config
     from vllm.model_executor.layers.quantization.utils import gptq_utils
 
@@ -340,13 +340,13 @@ QUARK_ENTRIES = [
 
 
 @pytest.mark.skipif(
-    INSTALLED == "0.22.1", reason="the Quark start-up check is the v0.32.0/v0.33.0 series' (0026)"
+    INSTALLED == "0.22.1",
+    reason="the doctor's Quark copy follows vLLM 0.32/0.33, whose series refuse what it predicts",
 )
-def test_the_quark_matching_the_series_start_up_check_runs_on_without_vllm_is_vllms():
-    """The survey's check_mtp_quant_schemes asks vLLM's QuarkConfig which exclude entry leaves a
-    module out, which entry builds it (layer_quant_config patterns, layer_type_quant_config,
-    global_quant_config) and which scheme that entry builds; the doctor serves it
-    mtpq.checkpoint.matching's instead (unfused checkpoint names)."""
+def test_the_doctors_quark_matching_is_vllms():
+    """The doctor asks vLLM's QuarkConfig which exclude entry leaves a module out, which entry builds
+    it (layer_quant_config patterns, layer_type_quant_config, global_quant_config) and which scheme
+    that entry builds, with mtpq.checkpoint.matching's copies (unfused checkpoint names)."""
     from vllm.model_executor.layers.linear import LinearBase
     from vllm.model_executor.layers.quantization.quark import quark, utils
 

@@ -12,7 +12,7 @@ import time
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from mtpq.checkpoint import facts, matching
+from mtpq.checkpoint import facts, matching, schemes
 from mtpq.checkpoint.files import CheckpointError, CheckpointFiles
 from mtpq.checkpoint.reader import Checkpoint, read_checkpoint, text_config_of
 from mtpq.checkpoint.survey import load_survey, series_survey
@@ -337,16 +337,19 @@ def patched_verdict(diagnosis: Diagnosis, release: facts.Release, series_dir: Pa
         return Verdict(CRASH, "draft_quant_config 'auto' refuses the mixed layout", str(error))
     if getattr(decision, "block", None) == "none" or getattr(decision, "quant_config", None) == "none":
         return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
-    # A series that checks which config group builds each quantized MTP module refuses at start-up.
-    if check := getattr(survey, "check_mtp_quant_schemes", None):
+    # A series that refuses, while loading, a tensor its draft parameter would cast (0004b) stops on a
+    # quantized MTP module the config builds in a scheme that cannot load it.
+    if release.series_refuses_casts:
         config_file = f"{checkpoint.name}/config.json"
         try:
-            check(found, checkpoint.quantization, checkpoint.num_hidden_layers, config_file)
-        except survey.MtpQuantSchemeError as error:
-            why = "draft_quant_config 'auto' refuses the config groups for the MTP layer"
-            return Verdict(CRASH, why, f"draft_quant_config='auto': {error}")
-        # The check builds vLLM's own config class, which refuses a quantization_config it cannot read
-        # (a field missing) as vLLM does at start-up.
+            schemes.check_mtp_quant_schemes(
+                found.quantized, checkpoint.tensors, checkpoint.quantization, found.files, config_file
+            )
+        except schemes.MtpQuantSchemeError as error:
+            why = "loading refuses the MTP layer the config builds in another format"
+            return Verdict(CRASH, why, str(error))
+        # The config classes refuse a quantization_config they cannot read (a field missing) as vLLM
+        # does at start-up.
         except (KeyError, ValueError, TypeError, AttributeError) as error:
             why = "vLLM cannot read the checkpoint's quantization_config"
             return Verdict(CRASH, why, f"{type(error).__name__}: {error}")

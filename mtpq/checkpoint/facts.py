@@ -273,7 +273,7 @@ ARCHITECTURES = (
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
-        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0023).
+        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0024).
         stock_draft_step_fails={
             "0.32.0": "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'"
         },
@@ -448,6 +448,10 @@ PATCHED_UNLOADED = "were not initialized from checkpoint"
 # Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
 # (draft_quant_config = a --quantization shorthand or {"quant_method": "online", ...}; v0.33.0's 0020).
 ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.32.0": True}
+# Releases whose series refuse, while the draft loads, a checkpoint tensor its parameter would cast
+# silently (v0.33.0's 0004b, v0.22.1's 0006b): a quantized MTP module built unquantized or in another
+# scheme stops the load instead of drafting garbage.
+SERIES_REFUSES_CASTS = {"0.22.1": True}
 
 
 # --- One release, for one diagnosis -----------------------------------------------------------------
@@ -476,6 +480,7 @@ class Release:
     series_keeps_mtp_own_scheme: bool
     shard_names_before_class: bool
     online_draft_quantization: bool
+    series_refuses_casts: bool
     # compressed-tensors format -> the error building draft MoE layers in it raises on the platform.
     moe_kernel_missing: dict[str, str]
 
@@ -496,5 +501,6 @@ class Release:
             series_keeps_mtp_own_scheme=bool(since(version, SERIES_KEEPS_MTP_OWN_SCHEME)),
             shard_names_before_class=bool(since(version, SHARD_NAMES_BEFORE_CLASS)),
             online_draft_quantization=bool(since(version, ONLINE_DRAFT_QUANTIZATION)),
+            series_refuses_casts=bool(since(version, SERIES_REFUSES_CASTS)),
             moe_kernel_missing=_moe_kernel_missing(version, drafter, platform),
         )

@@ -1,8 +1,8 @@
-"""vLLM's compressed-tensors, ModelOpt, GPTQ, AutoRound/INC and Quark name matching, for running
-the series' own start-up check of the config that builds the MTP modules (the survey module's
-check_mtp_quant_schemes) without vLLM, and for the doctor's matching.
+"""vLLM's compressed-tensors, ModelOpt, GPTQ, AutoRound/INC and Quark name matching, standard library
+only, for the doctor: which scheme a checkpoint's quantization_config builds each MTP module with
+(mtpq.checkpoint.schemes) and which entries name it.
 
-The check calls these by vLLM's names with checkpoint module names, which are never fused, so no
+They keep vLLM's names and are called with checkpoint module names, which are never fused, so no
 fused-layer mapping is needed. tests/test_doctor_copies.py compares them with vLLM's own.
 """
 

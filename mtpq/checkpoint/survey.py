@@ -1,19 +1,16 @@
 """The MTP header survey patched vLLM runs, loaded out of the patch that adds it.
 
 The series adds `vllm/transformers_utils/mtp_checkpoint.py` (MTP tensor names, their on-disk formats,
-the files to read, the draft's quantization decision, the start-up check of the config groups that
-build the MTP modules). The doctor and graft run that very file: its source is the `+` lines of the
-new-file patch with the hunks of the series' later patches to it applied, executed as a module, so
-there is one copy of the classification and the doctor judges a checkpoint exactly as patched vLLM
-does, from the headers it reads itself (mtpq.checkpoint.files). Finding MTP tensors is the newest
-series' module; the draft's quantization decision, which the series differ on, is taken from the
-module of the series serving the release judged (`series_survey`).
+the files to read, the draft's quantization decision). The doctor and graft run that very file: its
+source is the `+` lines of the new-file patch with the hunks of the series' later patches to it
+applied, executed as a module, so there is one copy of the classification and the doctor judges a
+checkpoint exactly as patched vLLM does, from the headers it reads itself (mtpq.checkpoint.files).
+Finding MTP tensors is the newest series' module; the draft's quantization decision, which the series
+differ on, is taken from the module of the series serving the release judged (`series_survey`).
 
-It needs neither vLLM (imported there only inside functions: those that read files, which the doctor
-does not call, and the start-up check of the quant config, whose compressed-tensors, ModelOpt,
-GPTQ / AutoRound / INC and Quark matching mtpq.checkpoint.matching serves) nor the third-party
-`regex` package, which vLLM's lint requires in place of `re`: its `import regex` is served by the
-standard library's `re`, which accepts the module's patterns.
+It needs neither vLLM (imported there only inside the functions that read files, which the doctor
+does not call) nor the third-party `regex` package, which vLLM's lint requires in place of `re`: its
+`import regex` is served by the standard library's `re`, which accepts the module's patterns.
 """
 
 from __future__ import annotations
@@ -27,7 +24,6 @@ import sys
 from pathlib import Path
 from types import ModuleType
 
-from mtpq.checkpoint import matching
 from mtpq.core.errors import MtpqError
 from mtpq.core.pin import newest_pin
 from mtpq.core.series import SeriesError, load_series
@@ -36,16 +32,6 @@ SURVEY_PATH = "vllm/transformers_utils/mtp_checkpoint.py"
 MODULE_NAME = "mtpq._vllm_mtp_checkpoint"
 _NEW_FILE_HUNK = re.compile(r"^@@ -0,0 \+1(?:,(\d+))? @@", re.MULTILINE)
 _HUNK = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+\d+(?:,(\d+))? @@.*$", re.MULTILINE)
-# The vLLM modules the survey imports inside its config-group check, served without vLLM.
-_SERVED = {
-    "vllm.model_executor.layers.quantization.compressed_tensors.utils": matching,
-    "vllm.model_executor.layers.quantization.utils.config_utils": matching,
-    "vllm.model_executor.layers.quantization": matching,
-    "vllm.model_executor.layers.quantization.utils.gptq_utils": matching,
-    "vllm.model_executor.layers.quantization.quark.quark": matching,
-    "vllm.model_executor.layers.quantization.quark.utils": matching,
-    "vllm.model_executor.layers.linear": matching,
-}
 _NO_NEWLINE = "\\ No newline at end of file"
 
 
@@ -124,8 +110,6 @@ def with_hunks(source: str, patch: Path) -> str:
 
 
 def _import_with_stdlib_regex(name, *args, **kwargs):
-    if name in _SERVED:
-        return _SERVED[name]
     return re if name == "regex" else builtins.__import__(name, *args, **kwargs)
 
 
