@@ -30,6 +30,7 @@ import copy
 import dataclasses
 import json
 import math
+import re
 import subprocess
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,8 +41,13 @@ from safetensors.torch import load_file, save_file
 
 from tests.commands import run_mtpq
 
-QUANT_FORMATS = ("bf16", "int8_w8a8", "w4a16", "fp8_block")
+QUANT_FORMATS = ("bf16", "int8_w8a8", "w4a16", "fp8_block", "gptq_w4a16", "gptq_w4a16_g32")
+# GPTQ as GPTQModel writes it (checkpoint_format "gptq": 4-bit symmetric, act-order off, zero points
+# stored minus one), by format: its group size. The CPU engine's GPTQ kernel runs 4-bit only, so an MTP
+# layer in a GPTQ scheme of its own differs from the trunk in group size, by a `dynamic` rule.
+GPTQ_GROUP_SIZES = {"gptq_w4a16": 128, "gptq_w4a16_g32": 32}
 IGNORE_STYLES = ("names", "regex", "unlisted")
+MTP_TARGET_STYLES = ("names", "regex", "class")
 # Bad MTP layouts (make_checkpoint's damage): a tensor of the MTP layer missing, one of a wrong shape,
 # config.json declaring one MTP layer more than the checkpoint holds.
 DAMAGES = ("mtp-tensor-missing", "mtp-tensor-wrong-shape", "mtp-layers-overdeclared")
@@ -1186,12 +1192,15 @@ def make_checkpoint(
     damage: str | None = None,
     mtp_quant: str | None = None,
     dequantized_mtp: bool = False,
+    mtp_targets: str = "names",
     seed: int = 0,
 ) -> Path:
     """Write an engineered tiny checkpoint with one MTP layer.
 
     quant: one of QUANT_FORMATS; quantized formats cover the main decoder
-    layers' attention and dense / shared-expert Linears only.  ignore_style:
+    layers' attention and dense / shared-expert Linears only (GPTQ's: with
+    ignore_style="unlisted", no other option but an MTP layer in a GPTQ
+    scheme of its own, its `dynamic` rule a "regex").  ignore_style:
     "names" lists every unquantized Linear by checkpoint name (what
     compressed-tensors' QuantizationConfig.from_pretrained writes); "regex"
     covers the MTP layer with the architecture's mtp_ignore_regex instead;
@@ -1206,7 +1215,10 @@ def make_checkpoint(
     routed experts are listed).  mtp_quant: quantize the MTP block's attention
     and dense MLP Linears in that format instead, in a config group of their
     own whose targets name them as the checkpoint does (what llm-compressor's
-    mtp_scheme writes), its other Linears listed in ``ignore``;
+    mtp_scheme writes), its other Linears listed in ``ignore``; mtp_targets:
+    how that group's targets name them, one of MTP_TARGET_STYLES ("names";
+    "regex": a ``re:`` pattern with a wildcard layer index; "class": the class
+    ``Linear``, the trunk's group naming its layers by pattern);
     dequantized_mtp: those Linears stored BF16 instead, their quantized
     weights dequantized (the reference an own-scheme MTP layer's acceptance
     is compared with).  damage: one of DAMAGES, done to the
@@ -1226,13 +1238,30 @@ def make_checkpoint(
         raise ValueError('mtp_quant needs a quantized format, ignore_style="unlisted" and nothing else')
     if dequantized_mtp and not mtp_quant:
         raise ValueError("dequantized_mtp needs mtp_quant")
+    if mtp_targets not in MTP_TARGET_STYLES:
+        raise ValueError(f"mtp_targets must be one of {MTP_TARGET_STYLES}, got {mtp_targets!r}")
+    if mtp_targets != "names" and (not mtp_quant or dequantized_mtp):
+        raise ValueError(f'mtp_targets={mtp_targets!r} needs mtp_quant (dequantized_mtp writes "names")')
+    gptq = [fmt in GPTQ_GROUP_SIZES for fmt in (quant, mtp_quant or quant)]
+    own_rule = not mtp_quant or dequantized_mtp or mtp_targets == "regex"
+    if any(gptq) and (
+        not all(gptq) or ignore_style != "unlisted" or quantize_mtp or drop_mtp or damage or not own_rule
+    ):
+        raise ValueError(
+            'a GPTQ checkpoint has ignore_style="unlisted" and nothing else but an MTP layer in a GPTQ '
+            'scheme of its own (mtp_targets="regex": a dynamic rule)'
+        )
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
 
     weights, successor = build_engineered_weights(architecture, seed)
     tensors = {name: value.to(torch.bfloat16) for name, value in weights.items()}
     config = copy.deepcopy(architecture.hf_config)
-    if quant != "bf16":
+    if quant in GPTQ_GROUP_SIZES:
+        tensors, config["quantization_config"] = _gptq_checkpoint(
+            tensors, architecture, quant, mtp_quant, dequantized_mtp
+        )
+    elif quant != "bf16":
         modules = architecture.main_quantized_linears
         if quantize_mtp:
             modules = modules + architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
@@ -1240,7 +1269,11 @@ def make_checkpoint(
         ignore = architecture.ignore_list(ignore_style)
         if mtp_quant:
             mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS)
-            groups["mtp_group"] = (mtp_modules, mtp_quant, mtp_modules)
+            trunk_targets, mtp_group_targets = _own_group_targets(architecture, mtp_modules, mtp_targets)
+            groups = {
+                "group_0": (modules, quant, trunk_targets),
+                "mtp_group": (mtp_modules, mtp_quant, mtp_group_targets),
+            }
             ignore = ignore + [
                 architecture.mtp_module(architecture.projection),
                 *architecture.mtp_kept_bf16_linears,
@@ -1519,6 +1552,82 @@ def _write_tokenizer(out: Path) -> None:
 # --- compressed-tensors --------------------------------------------------------
 
 
+def _trunk_layers_pattern(architecture) -> str:
+    return rf"{re.escape(architecture.model_prefix)}\.layers\.\d+\..*"
+
+
+def _mtp_layer_pattern(architecture) -> str:
+    """A regex of the MTP layer's modules with a wildcard layer index."""
+    mtp_layer, _, index = architecture.mtp_prefix.rpartition(".")
+    if not index.isdigit() or re.match(_trunk_layers_pattern(architecture), f"{architecture.mtp_prefix}."):
+        # The wildcard would reach the trunk's layers too (and a trunk pattern the MTP layer).
+        raise ValueError("an MTP layer named by pattern needs a prefix of its own")
+    return rf"{re.escape(mtp_layer)}\.\d+\..*"
+
+
+def _own_group_targets(architecture, mtp_modules, style):
+    """The trunk's group's and the MTP group's targets in that style (make_checkpoint's mtp_targets)."""
+    if style == "names":
+        return ["Linear"], mtp_modules
+    mtp_layer = _mtp_layer_pattern(architecture)
+    if style == "regex":
+        return ["Linear"], [f"re:{mtp_layer}"]
+    return [f"re:{_trunk_layers_pattern(architecture)}"], ["Linear"]
+
+
+def _gptq_checkpoint(tensors, architecture, quant, mtp_quant, dequantized_mtp):
+    """GPTQ-quantize the trunk's Linears in quant's group size, and the MTP layer's in mtp_quant's by a
+    `dynamic` rule naming it by pattern (dequantized_mtp: stored BF16 as they dequantize, no rule);
+    return tensors and quantization_config."""
+    tensors = dict(tensors)
+    mtp_modules = architecture.quantizable_linears(NUM_HIDDEN_LAYERS) if mtp_quant else []
+    group_sizes = {module: GPTQ_GROUP_SIZES[quant] for module in architecture.main_quantized_linears}
+    group_sizes |= {module: GPTQ_GROUP_SIZES[mtp_quant] for module in mtp_modules}
+    for module, group_size in group_sizes.items():
+        packed, dequantized = _gptq_quantize(tensors.pop(f"{module}.weight"), group_size)
+        if dequantized_mtp and module in mtp_modules:
+            tensors[f"{module}.weight"] = dequantized.to(torch.bfloat16)
+        else:
+            tensors |= {f"{module}.{name}": value for name, value in packed.items()}
+    config = {
+        "quant_method": "gptq",
+        "checkpoint_format": "gptq",
+        "bits": 4,
+        "group_size": GPTQ_GROUP_SIZES[quant],
+        "sym": True,
+        "desc_act": False,
+        "lm_head": False,
+    }
+    if mtp_quant and not dequantized_mtp:
+        config["dynamic"] = {
+            f"+:{_mtp_layer_pattern(architecture)}": {"group_size": GPTQ_GROUP_SIZES[mtp_quant]}
+        }
+    return tensors, config
+
+
+def _gptq_quantize(weight: torch.Tensor, group_size: int) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """A Linear's [out, in] weight in GPTQ's 4-bit symmetric form (qweight packed along the input,
+    qzeros of zero point 8 stored as 7, FP16 scales by input group), and its dequantized values."""
+    out_features, in_features = weight.shape
+    grouped = weight.float().reshape(out_features, in_features // group_size, group_size)
+    # FP16's smallest normal number: an all-zero group (an engineered zero row) needs a scale FP16 keeps.
+    scales = (grouped.abs().amax(dim=-1) / 7).clamp(min=torch.finfo(torch.float16).tiny).to(torch.float16)
+    levels = (grouped / scales.float()[..., None]).round().clamp(-8, 7)
+    dequantized = (levels * scales.float()[..., None]).reshape(out_features, in_features)
+    nibbles = torch.arange(0, 32, 4, dtype=torch.int64)
+
+    def pack(values: torch.Tensor) -> torch.Tensor:
+        """Eight 4-bit values along dim 0 into one int32 (two's complement, as stored)."""
+        rows = values.to(torch.int64).reshape(-1, 8, values.shape[-1])
+        words = (rows << nibbles[None, :, None]).sum(dim=1)
+        return torch.where(words >= 2**31, words - 2**32, words).to(torch.int32)
+
+    qweight = pack((levels + 8).reshape(out_features, in_features).t())
+    zeros = torch.full((out_features, in_features // group_size), 7)
+    packed = {"qweight": qweight, "qzeros": pack(zeros).t().contiguous(), "scales": scales.t().contiguous()}
+    return packed, dequantized
+
+
 def _compress_linears(tensors, modules, quant, ignore):
     """Quantize the given Linears; return tensors and quantization_config."""
     return _compress_groups(tensors, {"group_0": (modules, quant, ["Linear"])}, ignore)
@@ -1646,16 +1755,24 @@ def _decompress(tensors, quantization):
     )
     from compressed_tensors.quantization import QuantizationScheme
     from compressed_tensors.quantization.lifecycle.forward import dequantize
+    from compressed_tensors.utils import match_name
 
     # Dequantize with the scheme's own args: compressed-tensors' decompressors
     # guess the strategy from the scale shape and take a (2, 1) block-scale
-    # grid for per-channel scales. A group naming a module takes it before the
-    # "Linear" one, as compressed-tensors ranks them.
+    # grid for per-channel scales. A module takes the group naming it exactly,
+    # then by pattern, then by class, as compressed-tensors ranks targets.
     schemes = [QuantizationScheme.model_validate(group) for group in quantization["config_groups"].values()]
 
     def weight_args(module):
-        named = [scheme for scheme in schemes if module in scheme.targets]
-        return (named or [scheme for scheme in schemes if "Linear" in scheme.targets])[0].weights
+        def rank(scheme):
+            if module in scheme.targets:
+                return 0
+            patterns = [target for target in scheme.targets if target.startswith("re:")]
+            if any(match_name(module, target) for target in patterns):
+                return 1
+            return 2 if "Linear" in scheme.targets else 3
+
+        return min(schemes, key=rank).weights
 
     plain = {}
     for name, value in tensors.items():

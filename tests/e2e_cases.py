@@ -144,6 +144,8 @@ class Case:
         """Why the target's CPU engine (or series) cannot run this case; None when it can."""
         if reason := CANNOT_RUN.get(self.arch, {}).get(target):
             return reason
+        if self.options.get("mtp_targets", "names") != "names" and target in PATTERN_TARGETS_MISS:
+            return PATTERN_TARGETS_MISS[target]
         if "mtp_quant" in self.options:
             return None if _has_avx512() else W4A16_NEEDS_AVX512
         return None
@@ -615,12 +617,11 @@ def drafts_as_reference(report: dict, reference: dict) -> bool:
 OWN_SCHEME_PAIRS = (("int8_w8a8", "w4a16", "weight_packed"), ("w4a16", "int8_w8a8", "weight"))
 
 
-def _own_scheme_cases(arch: str, stock) -> list[Case]:
+def _own_scheme_cases(arch: str, stock, pairs=OWN_SCHEME_PAIRS, **options) -> list[Case]:
     """A family's case for each pair; stock(that tensor) is stock vLLM's outcome."""
-    options = {"ignore_style": "unlisted"}
     return [
-        Case(arch, quant, stock(tensor), {**options, "mtp_quant": mtp_quant})
-        for quant, mtp_quant, tensor in OWN_SCHEME_PAIRS
+        Case(arch, quant, stock(tensor), {"ignore_style": "unlisted", "mtp_quant": mtp_quant, **options})
+        for quant, mtp_quant, tensor in pairs
     ]
 
 
@@ -640,7 +641,29 @@ OWN_SCHEME_MTP = [
     *_own_scheme_cases("deepseek_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
     *_own_scheme_cases("hy_v3", lambda tensor: AS_DEQUANTIZED_REFERENCE),
     *_own_scheme_cases("bailing_hybrid", lambda tensor: AS_DEQUANTIZED_REFERENCE),
+    # The MTP group's targets as other configs write them (checkpoints.MTP_TARGET_STYLES): a `re:` pattern
+    # with a wildcard layer index, or the class Linear with the trunk's group naming its layers by pattern.
+    # Stock builds MiMo's MTP layer as model.layers.2, which neither reaches, so in the trunk's scheme.
+    *(
+        case
+        for style in ("regex", "class")
+        for case in _own_scheme_cases("mimo", _stock_own_scheme_load, OWN_SCHEME_PAIRS[:1], mtp_targets=style)
+    ),
+    # GPTQ: the MTP layer in another group size than the trunk's by a `dynamic` rule (`+:` and a regex with
+    # a wildcard layer index); stock builds model.layers.2 unquantized (not among the quantized modules the
+    # checkpoint's headers name), which has no parameter for its packed weights.
+    *_own_scheme_cases(
+        "mimo", _stock_own_scheme_load, [("gptq_w4a16", "gptq_w4a16_g32", "qweight")], mtp_targets="regex"
+    ),
 ]
+# Where a series re-keys a config's patterns onto the draft's names instead of looking modules up by the
+# checkpoint's: why an MTP group targeted by pattern or class cannot reach the MTP layer there.
+PATTERN_TARGETS_MISS = {
+    "0.22.1": "v0.22.1's series re-keys the config's patterns onto the draft's names (its 0013) instead of "
+    "looking modules up by the checkpoint's (v0.33.0's 0015): a wildcard layer index, an alternation or "
+    "a class target misses the MTP layer there, and the draft's load stops on a KeyError (loud, never a "
+    "cast: 0006b)",
+}
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 
 
@@ -650,7 +673,10 @@ def _has_avx512() -> bool:
 
 
 def own_scheme_reference(case: Case) -> Case:
-    return Case(case.arch, case.quant, "acceptance 1.0", {**case.options, "dequantized_mtp": True})
+    """The case's checkpoint with its MTP Linears dequantized to BF16 (the same weights whatever the
+    targets naming them)."""
+    options = {key: value for key, value in case.options.items() if key != "mtp_targets"}
+    return Case(case.arch, case.quant, "acceptance 1.0", {**options, "dequantized_mtp": True})
 
 
 # Tensor parallelism (on the newest test-bed target): each rank builds and loads its shards.

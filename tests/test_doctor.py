@@ -193,7 +193,8 @@ def test_ignoring_some_shards_of_a_fused_linear_is_a_crash(tmp_path):
         (compressed_tensors("fp8", []), {}, doctor.ZERO),  # float8 `weight`: cast, scales never load
         (DSV3_FP8_CONFIG, {}, doctor.ZERO),
         (None, {"hf_quant_config.json": {"quantization": {"quant_algo": "NVFP4"}}}, doctor.CRASH),
-        ({"quant_method": "gptq", "bits": 4}, {}, doctor.UNKNOWN),  # vLLM finds BF16 modules itself there
+        # Headers naming no quantized module: vLLM's GPTQ config builds every module quantized.
+        ({"quant_method": "gptq", "bits": 4, "group_size": 128}, {}, doctor.UNKNOWN),
     ],
     ids=["compressed-tensors-w4a16", "compressed-tensors-fp8", "fp8-block", "modelopt-nvfp4", "gptq"],
 )
@@ -472,6 +473,11 @@ GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
         {**GPTQ_INT4, "dynamic": {r"+:model\.mtp_layers\..*": {"bits": 8}}},
         "packs 4-bit weights but is built by its dynamic rule '+:model\\\\.mtp_layers\\\\..*' as 8-bit GPTQ",
     ),
+    "a-dynamic-rule-builds-another-group-size": (
+        {**GPTQ_INT4, "dynamic": {r"+:model\.mtp_layers\..*": {"group_size": 64}}},
+        "holds a scale per 32 input rows but is built by its dynamic rule '+:model\\\\.mtp_layers\\\\..*' "
+        "with group size 64",
+    ),
     "outside-block-name-to-quantize": (
         {"quant_method": "auto-round", "bits": 4, "group_size": 32, "block_name_to_quantize": "model.layers"},
         "is in no block of the config's block_name_to_quantize ['model.layers'], so it would be built "
@@ -505,6 +511,26 @@ def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_r
     assert REFUSED_SCHEME not in (
         verdict(doctor.diagnose(tmp_path, [NEWEST], "cuda"), "patched", NEWEST).error or ""
     )
+
+
+@pytest.mark.parametrize(("mtp", "stock"), [("gptq", doctor.CRASH), ("bf16", doctor.WORKS)])
+def test_stock_gptq_quantizes_the_draft_modules_the_headers_name_by_their_draft_names(tmp_path, mtp, stock):
+    """Without modules_in_block_to_quantize, vLLM's GPTQ config quantizes the modules the headers store
+    quantized, by their checkpoint names: stock MiMo builds its MTP layer as model.layers.2, so
+    unquantized, and a GPTQ MTP layer's packed tensors do not fit; a BF16 one does. The series looks the
+    modules up by the checkpoint's names and builds each as stored."""
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path, quantized(layout, GPTQ_INT4), {"model.safetensors": layout.tensors("gptq", mtp)}
+    )
+
+    found = doctor.diagnose(tmp_path, [OLDEST, NEWEST], "cuda")
+
+    for version in (OLDEST, NEWEST):
+        assert verdict(found, "stock", version).kind == stock, verdict(found, "stock", version)
+        assert verdict(found, "patched", version).kind == doctor.WORKS, verdict(found, "patched", version)
+    if stock == doctor.CRASH:
+        assert "by other GPTQ rules" in verdict(found, "stock", NEWEST).why
 
 
 def test_a_gptq_config_vllm_cannot_read_is_a_crash_naming_the_field_not_a_traceback(tmp_path):
@@ -816,7 +842,7 @@ def test_a_missing_survey_patch_is_one_line_error(tmp_path):
 
 def test_exit_codes_follow_the_judged_vllm(tmp_path):
     layout = LAYOUTS["mimo"]
-    bf16, broken, unknown = tmp_path / "bf16", tmp_path / "int8", tmp_path / "gptq"
+    bf16, broken, unknown = tmp_path / "bf16", tmp_path / "int8", tmp_path / "awq"
     write_checkpoint(bf16, layout.config, {"model.safetensors": layout.tensors("bf16")})
     write_checkpoint(
         broken,
@@ -824,7 +850,7 @@ def test_exit_codes_follow_the_judged_vllm(tmp_path):
         {"model.safetensors": layout.tensors("int8")},
     )
     write_checkpoint(
-        unknown, quantized(layout, {"quant_method": "gptq"}), {"model.safetensors": layout.tensors("bf16")}
+        unknown, quantized(layout, {"quant_method": "awq"}), {"model.safetensors": layout.tensors("bf16")}
     )
 
     assert run_mtpq("doctor", bf16).returncode == 0

@@ -28,6 +28,7 @@ import pytest
 
 from mtpq.checkpoint import doctor
 from tests.conftest import target_version
+from tests.e2e_cases import PATTERN_TARGETS_MISS
 
 MTP = "model.mtp_layers.0"
 OWN_SCHEMES = (("int8_w8a8", "w4a16"), ("w4a16", "int8_w8a8"))
@@ -46,11 +47,9 @@ IGNORED = {
 REFUSED_BY_DOCTOR = "loading refuses the MTP layer the config builds in another format"
 SEED, SAMPLED = 42, 16
 pytestmark = pytest.mark.skipif(
-    target_version() == "0.22.1",
-    reason="v0.22.1's series re-keys the config's patterns onto the draft's names (its 0013) instead of "
-    "looking modules up by the checkpoint's (v0.33.0's 0015): a wildcard layer index, an alternation or "
-    "a class target misses the MTP layer there, and the draft's load stops on a KeyError (loud, never a "
-    "cast: 0006b) where the doctor, which resolves by the checkpoint's names, predicts a working draft",
+    target_version() in PATTERN_TARGETS_MISS,
+    reason=f"{PATTERN_TARGETS_MISS.get(target_version())}, where the doctor, which resolves by the "
+    "checkpoint's names, predicts a working draft",
 )
 
 
@@ -165,6 +164,7 @@ def test_the_series_refuses_what_would_load_wrong_and_the_doctor_predicts_it(lay
     if refused(draft):
         error = draft.get("build", draft["load"])["error"]
         assert "mtp_layers." in error, error  # the MTP module, by its checkpoint or its draft name
+        assert "quantization_config in " in error and "/config.json" in error, error  # what built it so
         return
     # Loaded (the series' check of every draft parameter passed): the MTP block's projections, all
     # stored quantized, were built quantized.

@@ -141,15 +141,16 @@ def test_patched_inherit_on_a_bf16_mtp_block_fails_naming_the_tensor_it_would_ca
 
 def test_patched_none_on_an_nvfp4_mtp_block_fails_naming_an_nvfp4_scale(run):
     """An unquantized draft has no parameter for the NVFP4 scales, which sort before the packed
-    weights: Step3p5MTP's KeyError names the first one, and passes through as it is (the series
-    rewords only a weight loader's refusal, the one error it can attribute)."""
+    weights: Step3p5MTP's KeyError names the first one, and the series names the checkpoint tensor the
+    load stopped at and what decided the draft's quantization (0004c, v0.22.1's 0006c)."""
     built = run("patched", "nvfp4+none")
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
     load = built["load"]
-    assert load["error_type"] == "KeyError"
-    tensor = load["error"].removeprefix("'").partition("'")[0]
+    assert load["error_type"] == "ValueError" and "loading stopped at checkpoint tensor" in load["error"]
+    tensor = load["error"].partition("on KeyError: '")[2].partition("'")[0]
     assert tensor.startswith(f"{MTP_LAYER}.mtp_block."), load["error"]
     assert tensor.rpartition(".")[2] in NVFP4_SCALES
+    assert "draft_quant_config='none' decides the" in load["error"], load["error"]
 
 
 def test_unpatched_bf16_mtp_block_fails_with_seed_002s_shape_assertion(run, nvfp4, hf_config):

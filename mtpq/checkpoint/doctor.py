@@ -348,12 +348,20 @@ def patched_verdict(diagnosis: Diagnosis, release: facts.Release, series_dir: Pa
         except schemes.MtpQuantSchemeError as error:
             why = "loading refuses the MTP layer the config builds in another format"
             return Verdict(CRASH, why, str(error))
-        # The config classes refuse a quantization_config they cannot read (a field missing) as vLLM
-        # does at start-up.
-        except (KeyError, ValueError, TypeError, AttributeError) as error:
-            why = "vLLM cannot read the checkpoint's quantization_config"
-            return Verdict(CRASH, why, f"{type(error).__name__}: {error}")
+        except CONFIG_REFUSALS as error:
+            return _unreadable_config(error)
     return _draft_verdict(diagnosis, release, patched=True)
+
+
+# What the config classes raise for a quantization_config they cannot read (a field missing), as vLLM
+# does at start-up.
+CONFIG_REFUSALS = (KeyError, ValueError, TypeError, AttributeError)
+
+
+def _unreadable_config(error: Exception) -> Verdict:
+    return Verdict(
+        CRASH, "vLLM cannot read the checkpoint's quantization_config", f"{type(error).__name__}: {error}"
+    )
 
 
 def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) -> Verdict:
@@ -365,7 +373,10 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
         if diagnosis.survey.quantized:
             return Verdict(UNKNOWN, "quantized MTP tensors, no quantization config")
         return Verdict(WORKS, "nothing is quantized")
-    modules = draft_modules(diagnosis, release)
+    try:
+        modules = draft_modules(diagnosis, release)
+    except CONFIG_REFUSALS as error:
+        return _unreadable_config(error)
     if unknown := [module for module in modules if module.built == "unknown"]:
         return Verdict(UNKNOWN, f"{unknown[0].name}: {unknown[0].note}")
     label = scheme_label(checkpoint.quantization)
@@ -388,12 +399,15 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
             if _own_group_missed(checkpoint, module, shards_before_class, mixed_precision)
         ]
     ):
-        by = (
-            "by another quantized_layers entry than the checkpoint names the MTP layer's by (none: "
-            "unquantized)"
-            if mixed_precision
-            else "in another config group than the checkpoint names the MTP layer's own by"
-        )
+        if mixed_precision:
+            by = (
+                "by another quantized_layers entry than the checkpoint names the MTP layer's by (none: "
+                "unquantized)"
+            )
+        elif checkpoint.quantization.get("quant_method") == "gptq":
+            by = "by other GPTQ rules (dynamic, quantized modules) than the checkpoint's names of it take"
+        else:
+            by = "in another config group than the checkpoint names the MTP layer's own by"
         why = f"the draft builds {_first(missed)} {by}: its tensors do not fit"
         crashes.append(Verdict(CRASH, why))
     casts, misfits, kernel_gaps = [], [], {}
@@ -467,6 +481,9 @@ def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftMod
         runtime = naming(name, checkpoint.num_hidden_layers)
         if mixed_precision is not None:
             built = "quantized" if _entry_algo(mixed_precision, runtime) else "unquantized"
+            modules.append(DraftModule(name, stored, runtime, built))
+        elif checkpoint.quantization.get("quant_method") == "gptq":
+            built = "quantized" if _gptq_build(checkpoint, runtime) else "unquantized"
             modules.append(DraftModule(name, stored, runtime, built))
         elif not compressed_tensors and entries:
             note = (
@@ -576,6 +593,28 @@ def _entry_algo(config: matching._ModelOptConfig, name: str) -> str | None:
     return None if config.is_layer_excluded(name) else config._resolve_quant_algo(name)
 
 
+def _gptq_build(checkpoint: Checkpoint, name: str) -> tuple | None:
+    """How vLLM's GPTQ config builds a module of that name: its (bits, group size), or None where a `-:`
+    dynamic rule or modules_in_block_to_quantize leaves it unquantized (where the config has no such
+    list, vLLM reads it from the headers: the modules stored quantized, by their checkpoint names)."""
+    config = matching.get_quantization_config("auto_gptq").from_config(dict(checkpoint.quantization))
+    quantized = config.modules_in_block_to_quantize or sorted(
+        {
+            tensor.rpartition(".")[0]
+            for tensor, header in checkpoint.tensors.items()
+            if header.dtype not in facts.FLOAT_DTYPES
+        }
+    )
+    if matching.get_dynamic_override(config, name) is False or not matching.is_layer_gptq_quantized(
+        name, quantized
+    ):
+        return None
+    return tuple(
+        matching.get_dynamic_override(config, name, key, checkpoint.quantization.get(key))
+        for key in ("bits", "group_size")
+    )
+
+
 def _own_group_missed(
     checkpoint: Checkpoint,
     module: DraftModule,
@@ -588,6 +627,8 @@ def _own_group_missed(
     # A module built outside the quant config (runtime None) takes no scheme by name.
     if module.stored in facts.FLOAT_DTYPES or module.runtime is None:
         return False
+    if checkpoint.quantization.get("quant_method") == "gptq":
+        return _gptq_build(checkpoint, module.name) != _gptq_build(checkpoint, module.runtime)
     if mixed_precision is not None:
         return _entry_algo(mixed_precision, module.name) != _entry_algo(mixed_precision, module.runtime)
     if module.built != "quantized":

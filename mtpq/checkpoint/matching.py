@@ -125,6 +125,7 @@ def _get_from_keys(config: dict, keys: list[str]):
 class _AutoGPTQConfig:
     def __init__(self, config: dict) -> None:
         self.weight_bits = _get_from_keys(config, ["bits"])
+        self.group_size = _get_from_keys(config, ["group_size"])
         self.dynamic = config.get("dynamic") or {}
         self.modules_in_block_to_quantize = config.get("modules_in_block_to_quantize") or []
 

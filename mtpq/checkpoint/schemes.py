@@ -188,7 +188,27 @@ def _gptq_problems(quantized, tensors, quantization_config, stored_in) -> list[s
             problems.append(f"{where} is built by {source} as {bits}-bit GPTQ, which cannot load {stored}")
         elif (packed := _packed_bits(tensors, module) or bits) != bits:
             problems.append(f"{where} packs {packed}-bit weights but is built by {source} as {bits}-bit GPTQ")
+        elif method == "auto_gptq" and (groups := _group_sizes(quant_config, tensors, module, bits)):
+            stored_group, built_group = groups
+            problems.append(
+                f"{where} holds a scale per {stored_group} input rows but is built by {source} with group "
+                f"size {built_group}"
+            )
     return problems
+
+
+def _group_sizes(quant_config, tensors: Mapping, module: str, bits: int) -> tuple[int, int] | None:
+    """(stored, built) group size of a GPTQ module where they differ: its qweight packs 32 // bits input
+    rows per int32 and its scales hold a row per group; the config's group_size (-1: every input row),
+    as its dynamic rule overrides it."""
+    qweight, scales = tensors.get(f"{module}.qweight"), tensors.get(f"{module}.scales")
+    if qweight is None or scales is None or not scales.shape[0]:
+        return None
+    input_rows = qweight.shape[0] * (32 // bits)
+    built = matching.get_dynamic_override(quant_config, module, "group_size", quant_config.group_size)
+    built = input_rows if built == -1 else built
+    stored = input_rows // scales.shape[0]
+    return (stored, built) if stored != built else None
 
 
 def _first_dynamic_rule(dynamic: Mapping, module: str) -> str | None:
