@@ -661,8 +661,8 @@ OWN_SCHEME_MTP = [
 PATTERN_TARGETS_MISS = {
     "0.22.1": "v0.22.1's series re-keys the config's patterns onto the draft's names (its 0013) instead of "
     "looking modules up by the checkpoint's (v0.33.0's 0015): a wildcard layer index, an alternation or "
-    "a class target misses the MTP layer there, and the draft's load stops on a KeyError (loud, never a "
-    "cast: 0006b)",
+    "a class target misses the MTP layer there, and the draft's load stops naming the checkpoint tensor "
+    "it has no parameter for (0006c; loud, never a cast: 0006b)",
 }
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 

@@ -391,12 +391,12 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
         )
     keeps_own_scheme = patched and release.series_keeps_mtp_own_scheme
     shards_before_class = patched or release.shard_names_before_class
-    mixed_precision = _modelopt_mixed_precision(checkpoint)
+    mixed_precision, gptq_builds = _modelopt_mixed_precision(checkpoint), _gptq_builds(checkpoint)
     if not keeps_own_scheme and (
         missed := [
             runtime_layer(module.runtime)
             for module in modules
-            if _own_group_missed(checkpoint, module, shards_before_class, mixed_precision)
+            if _own_group_missed(checkpoint, module, shards_before_class, mixed_precision, gptq_builds)
         ]
     ):
         if mixed_precision:
@@ -468,7 +468,7 @@ def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftMod
     naming = release.draft_name
     _, entries = checkpoint.ignore_entries()
     compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
-    mixed_precision = _modelopt_mixed_precision(checkpoint)
+    mixed_precision, gptq_builds = _modelopt_mixed_precision(checkpoint), _gptq_builds(checkpoint)
     modules = []
     for name, stored in diagnosis.modules().items():
         if architecture and _module_kind(name) in architecture.plain_linears:
@@ -482,8 +482,8 @@ def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftMod
         if mixed_precision is not None:
             built = "quantized" if _entry_algo(mixed_precision, runtime) else "unquantized"
             modules.append(DraftModule(name, stored, runtime, built))
-        elif checkpoint.quantization.get("quant_method") == "gptq":
-            built = "quantized" if _gptq_build(checkpoint, runtime) else "unquantized"
+        elif gptq_builds is not None:
+            built = "quantized" if gptq_builds(runtime)[0] else "unquantized"
             modules.append(DraftModule(name, stored, runtime, built))
         elif not compressed_tensors and entries:
             note = (
@@ -593,26 +593,12 @@ def _entry_algo(config: matching._ModelOptConfig, name: str) -> str | None:
     return None if config.is_layer_excluded(name) else config._resolve_quant_algo(name)
 
 
-def _gptq_build(checkpoint: Checkpoint, name: str) -> tuple | None:
-    """How vLLM's GPTQ config builds a module of that name: its (bits, group size), or None where a `-:`
-    dynamic rule or modules_in_block_to_quantize leaves it unquantized (where the config has no such
-    list, vLLM reads it from the headers: the modules stored quantized, by their checkpoint names)."""
-    config = matching.get_quantization_config("auto_gptq").from_config(dict(checkpoint.quantization))
-    quantized = config.modules_in_block_to_quantize or sorted(
-        {
-            tensor.rpartition(".")[0]
-            for tensor, header in checkpoint.tensors.items()
-            if header.dtype not in facts.FLOAT_DTYPES
-        }
-    )
-    if matching.get_dynamic_override(config, name) is False or not matching.is_layer_gptq_quantized(
-        name, quantized
-    ):
+def _gptq_builds(checkpoint: Checkpoint):
+    """How vLLM's GPTQ config builds a module by the name it is built under (schemes.gptq_builds), for a
+    GPTQ checkpoint; None for any other."""
+    if checkpoint.quantization.get("quant_method") != "gptq":
         return None
-    return tuple(
-        matching.get_dynamic_override(config, name, key, checkpoint.quantization.get(key))
-        for key in ("bits", "group_size")
-    )
+    return schemes.gptq_builds(checkpoint.quantization, checkpoint.tensors)
 
 
 def _own_group_missed(
@@ -620,6 +606,7 @@ def _own_group_missed(
     module: DraftModule,
     shards_before_class: bool,
     mixed_precision: matching._ModelOptConfig | None,
+    gptq_builds,
 ) -> bool:
     """A quantized MTP module whose config group (ModelOpt mixed precision, the checkpoint's
     `mixed_precision` config: quantized_layers entry) by its checkpoint name is not the one its draft
@@ -627,8 +614,8 @@ def _own_group_missed(
     # A module built outside the quant config (runtime None) takes no scheme by name.
     if module.stored in facts.FLOAT_DTYPES or module.runtime is None:
         return False
-    if checkpoint.quantization.get("quant_method") == "gptq":
-        return _gptq_build(checkpoint, module.name) != _gptq_build(checkpoint, module.runtime)
+    if gptq_builds is not None:
+        return gptq_builds(module.name)[0] != gptq_builds(module.runtime)[0]
     if mixed_precision is not None:
         return _entry_algo(mixed_precision, module.name) != _entry_algo(mixed_precision, module.runtime)
     if module.built != "quantized":

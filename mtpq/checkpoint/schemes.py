@@ -15,10 +15,12 @@ first naming its class), and a group matching nothing on disk is harmless.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from collections.abc import Mapping
 
 from mtpq.checkpoint import matching
+from mtpq.checkpoint.facts import FLOAT_DTYPES
 from mtpq.core.errors import MtpqError
 
 
@@ -172,24 +174,28 @@ def _packed_bits(tensors: Mapping, module: str) -> int | None:
 def _gptq_problems(quantized, tensors, quantization_config, stored_in) -> list[str]:
     """The bits vLLM's GPTQ config (dynamic, modules_in_block_to_quantize) or AutoRound/INC config
     (extra_config, block_name_to_quantize) builds each module with: built unquantized, with other bits
-    than it packs, or as integers that cannot load what is stored, is a problem."""
+    or group size than it is stored in, or as integers that cannot load what is stored, is a problem."""
     method = _GPTQ_FAMILY_METHODS[quantization_config["quant_method"]]
-    quant_config = matching.get_quantization_config(method).from_config(dict(quantization_config))
-    resolve = _gptq_bits if method == "auto_gptq" else _inc_bits
+    if method == "auto_gptq":
+        resolve, data_type = gptq_builds(quantization_config, tensors), "int"
+    else:
+        inc_config = matching.get_quantization_config(method).from_config(dict(quantization_config))
+        resolve, data_type = functools.partial(_inc_build, inc_config), inc_config.data_type
     problems: list[str] = []
     for module, stored in sorted(quantized.items()):
         where = _where(module, stored, stored_in)
-        bits, source = resolve(quant_config, module)
-        if bits is None:
+        build, source = resolve(module)
+        if build is None:
             problems.append(f"{where} {source}, so it would be built unquantized")
-        elif getattr(quant_config, "data_type", "int") != "int":
+            continue
+        bits, built_group = build
+        if data_type != "int":
             continue  # AutoRound's FP8 and MXFP formats: not judged here
-        elif stored != "GPTQ/AWQ":
+        if stored != "GPTQ/AWQ":
             problems.append(f"{where} is built by {source} as {bits}-bit GPTQ, which cannot load {stored}")
         elif (packed := _packed_bits(tensors, module) or bits) != bits:
             problems.append(f"{where} packs {packed}-bit weights but is built by {source} as {bits}-bit GPTQ")
-        elif method == "auto_gptq" and (groups := _group_sizes(quant_config, tensors, module, bits)):
-            stored_group, built_group = groups
+        elif stored_group := _stored_group_size(tensors, module, bits, built_group):
             problems.append(
                 f"{where} holds a scale per {stored_group} input rows but is built by {source} with group "
                 f"size {built_group}"
@@ -197,18 +203,42 @@ def _gptq_problems(quantized, tensors, quantization_config, stored_in) -> list[s
     return problems
 
 
-def _group_sizes(quant_config, tensors: Mapping, module: str, bits: int) -> tuple[int, int] | None:
-    """(stored, built) group size of a GPTQ module where they differ: its qweight packs 32 // bits input
-    rows per int32 and its scales hold a row per group; the config's group_size (-1: every input row),
-    as its dynamic rule overrides it."""
+def _stored_group_size(tensors: Mapping, module: str, bits: int, built_group: int | None) -> int | None:
+    """The group size a GPTQ module is stored in where it differs from the one it is built with (-1:
+    every input row; None: not judged): its qweight packs 32 // bits input rows per int32, its scales
+    hold a row per group."""
     qweight, scales = tensors.get(f"{module}.qweight"), tensors.get(f"{module}.scales")
-    if qweight is None or scales is None or not scales.shape[0]:
+    if built_group is None or qweight is None or scales is None or not scales.shape[0]:
         return None
     input_rows = qweight.shape[0] * (32 // bits)
-    built = matching.get_dynamic_override(quant_config, module, "group_size", quant_config.group_size)
-    built = input_rows if built == -1 else built
     stored = input_rows // scales.shape[0]
-    return (stored, built) if stored != built else None
+    return stored if stored != (input_rows if built_group == -1 else built_group) else None
+
+
+def gptq_builds(quantization_config: Mapping, tensors: Mapping):
+    """How vLLM's GPTQ config builds a module, by the name it is built under: a function of that name
+    giving its (bits, group size), None where unquantized, and what decides it. Where the config lists
+    no modules_in_block_to_quantize, vLLM reads them from the headers: the modules stored quantized, by
+    their checkpoint names. The config's own errors (a field missing) propagate as vLLM raises them."""
+    quant_config = matching.get_quantization_config("auto_gptq").from_config(dict(quantization_config))
+    in_block = quant_config.modules_in_block_to_quantize or sorted(
+        {tensor.rpartition(".")[0] for tensor, header in tensors.items() if header.dtype not in FLOAT_DTYPES}
+    )
+
+    def build(module: str) -> tuple[tuple[int, int] | None, str]:
+        rule = _first_dynamic_rule(quant_config.dynamic, module)
+        if rule and rule.startswith("-:"):
+            return None, f"is excluded by its dynamic rule {rule!r}"
+        # Routed experts are built as one fused MoE layer, which only dynamic rules exclude.
+        if ".experts." not in module and not matching.is_layer_gptq_quantized(module, in_block):
+            return None, "is in none of the config's modules_in_block_to_quantize"
+        bits, group_size = (
+            matching.get_dynamic_override(quant_config, module, key, default)
+            for key, default in (("bits", quant_config.weight_bits), ("group_size", quant_config.group_size))
+        )
+        return (bits, group_size), f"its dynamic rule {rule!r}" if rule else "the config's bits"
+
+    return build
 
 
 def _first_dynamic_rule(dynamic: Mapping, module: str) -> str | None:
@@ -230,23 +260,9 @@ class _Dynamic:
         self.dynamic = dynamic
 
 
-def _gptq_bits(quant_config, module: str) -> tuple[int | None, str]:
-    """The bits a GPTQ config builds a checkpoint module with (None: unquantized), and what decides it."""
-    rule = _first_dynamic_rule(quant_config.dynamic, module)
-    if rule and rule.startswith("-:"):
-        return None, f"is excluded by its dynamic rule {rule!r}"
-    # Routed experts are built as one fused MoE layer, which only dynamic rules exclude.
-    if ".experts." not in module and not matching.is_layer_gptq_quantized(
-        module, quant_config.modules_in_block_to_quantize
-    ):
-        return None, "is in none of the config's modules_in_block_to_quantize"
-    bits = matching.get_dynamic_override(quant_config, module, "bits", quant_config.weight_bits)
-    return bits, f"its dynamic rule {rule!r}" if rule else "the config's bits"
-
-
-def _inc_bits(quant_config, module: str) -> tuple[int | None, str]:
-    """The bits an AutoRound/INC config builds a checkpoint module with (None: unquantized), and what
-    decides it."""
+def _inc_build(quant_config, module: str) -> tuple[tuple[int, None] | None, str]:
+    """The bits an AutoRound/INC config builds a checkpoint module with (None: unquantized; its group
+    size is not judged), and what decides it."""
     # A checkpoint module: neither an LM head nor a fused MoE layer.
     bits, _, _ = quant_config.get_layer_config(None, module)
     blocks = quant_config.block_name_to_quantize
@@ -257,8 +273,8 @@ def _inc_bits(quant_config, module: str) -> tuple[int | None, str]:
         return None, f"is given {bits} bits by its extra_config entry"
     # Only an extra_config entry gives a module other bits than the config's.
     if outside or bits != quant_config.weight_bits:
-        return bits, "its extra_config entry"
-    return bits, "the config's bits"
+        return (bits, None), "its extra_config entry"
+    return (bits, None), "the config's bits"
 
 
 def _quark_scheme_loads(scheme: str, stored: str) -> bool:
