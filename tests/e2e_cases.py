@@ -144,8 +144,8 @@ class Case:
         """Why the target's CPU engine (or series) cannot run this case; None when it can."""
         if reason := CANNOT_RUN.get(self.arch, {}).get(target):
             return reason
-        if self.options.get("mtp_targets", "names") != "names" and target in PATTERN_TARGETS_MISS:
-            return PATTERN_TARGETS_MISS[target]
+        if self.quant.startswith("gptq") and "mtp_quant" in self.options and target in GPTQ_MTP_WITHOUT_G_IDX:
+            return GPTQ_MTP_WITHOUT_G_IDX[target]
         if "mtp_quant" in self.options:
             return None if _has_avx512() else W4A16_NEEDS_AVX512
         return None
@@ -656,13 +656,12 @@ OWN_SCHEME_MTP = [
         "mimo", _stock_own_scheme_load, [("gptq_w4a16", "gptq_w4a16_g32", "qweight")], mtp_targets="regex"
     ),
 ]
-# Where a series re-keys a config's patterns onto the draft's names instead of looking modules up by the
-# checkpoint's: why an MTP group targeted by pattern or class cannot reach the MTP layer there.
-PATTERN_TARGETS_MISS = {
-    "0.22.1": "v0.22.1's series re-keys the config's patterns onto the draft's names (its 0013) instead of "
-    "looking modules up by the checkpoint's (v0.33.0's 0015): a wildcard layer index, an alternation or "
-    "a class target misses the MTP layer there, and the draft's load stops naming the checkpoint tensor "
-    "it has no parameter for (0006c; loud, never a cast: 0006b)",
+# Where the series refuses a GPTQ MTP layer stored as tests/checkpoints.py writes GPTQ: without g_idx
+# (act-order off), which 0.32.0's GPTQ method has no parameter for.
+GPTQ_MTP_WITHOUT_G_IDX = {
+    "0.22.1": "vLLM 0.22.1's GPTQ linear method registers g_idx whatever desc_act says, and this checkpoint "
+    "stores none (act-order off), so the v0.22.1 series' check of every draft parameter (0006) refuses the "
+    "draft: 'MTP draft parameter(s) received no checkpoint tensor: ...g_idx'",
 }
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"
 

@@ -245,7 +245,7 @@ def test_an_mtp_layer_in_a_group_of_its_own_is_built_in_it_where_the_draft_names
 ):
     """A W4A16 MTP layer in a config group of its own beside an INT8 trunk, the group's target the
     checkpoint's MTP prefix: a draft built under other names (MiMo's) takes the trunk's group on stock
-    vLLM; every series re-keys the quant config onto the draft's names."""
+    vLLM; every series looks the draft's modules up by the checkpoint's names."""
     layout = LAYOUTS[name]
     mtp_root = "model.mtp_layers.0" if name == "mimo" else f"model.layers.{layout.num_hidden_layers}"
     quantization = compressed_tensors("int8", ["lm_head"])
@@ -316,7 +316,7 @@ def test_an_fp8_mtp_layer_beside_an_nvfp4_modelopt_trunk_is_built_fp8_where_the_
     tmp_path, name, stock_misses, series_misses
 ):
     """A draft built under other names than the checkpoint's (MiMo's, ERNIE's) finds no entry on stock
-    vLLM and builds the layer unquantized; the series re-keys the entries onto the draft's names."""
+    vLLM and builds the layer unquantized; the series looks its modules up by the checkpoint's names."""
     write_fp8_mtp_beside_nvfp4_trunk(tmp_path, name)
 
     found = doctor.diagnose(tmp_path, [OLDEST, "0.32.0", NEWEST], "cuda")

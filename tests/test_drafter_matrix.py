@@ -87,12 +87,6 @@ NAMES_THE_DRAFTER = {"0.22.1": False, "0.32.0": True}
 # Drafters whose own loader refuses a checkpoint missing MTP tensors, naming them, before the
 # series' check of every draft parameter would (in their words, without the drafter class).
 OWN_MISSING_TENSOR_CHECK = {"InklingMTPModel", "Step3p5MTP"}
-# Scheme pairs a drafter's MTP layer misses even with the series, per test-bed target: a config that names
-# each module exactly (ModelOpt's quantized_layers) never reaches ERNIE 4.5's MTP block. ErnieMTP builds
-# the block (a LlamaDecoderLayer) with the layer's prefix, model.layers.{N} (ernie_mtp.py:58), while its
-# loader puts the block's tensors under model.layers.{N}.mtp_block (its hf_to_vllm_mapper, ernie_mtp.py:160),
-# and the series re-keys no quant config for this drafter (no align_mtp_quant_config call). The
-# compressed-tensors pairs' regexes of the layer's root reach the block either way.
 README_START = "<!-- drafter-matrix:start (python3 -m mtpq matrix) -->"
 README_END = "<!-- drafter-matrix:end -->"
 UPDATE = "--update-drafter-matrix"

@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import random
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,7 +29,6 @@ import pytest
 
 from mtpq.checkpoint import doctor
 from tests.conftest import target_version
-from tests.e2e_cases import PATTERN_TARGETS_MISS
 
 MTP = "model.mtp_layers.0"
 OWN_SCHEMES = (("int8_w8a8", "w4a16"), ("w4a16", "int8_w8a8"))
@@ -46,11 +46,6 @@ IGNORED = {
 }
 REFUSED_BY_DOCTOR = "loading refuses the MTP layer the config builds in another format"
 SEED, SAMPLED = 42, 16
-pytestmark = pytest.mark.skipif(
-    target_version() in PATTERN_TARGETS_MISS,
-    reason=f"{PATTERN_TARGETS_MISS.get(target_version())}, where the doctor, which resolves by the "
-    "checkpoint's names, predicts a working draft",
-)
 
 
 @dataclass(frozen=True)
@@ -165,6 +160,14 @@ def test_the_series_refuses_what_would_load_wrong_and_the_doctor_predicts_it(lay
         error = draft.get("build", draft["load"])["error"]
         assert "mtp_layers." in error, error  # the MTP module, by its checkpoint or its draft name
         assert "quantization_config in " in error and "/config.json" in error, error  # what built it so
+        # ... and the entries of it that built the module so: the ignore entry where one keeps a
+        # quantized module unquantized, else the group targets that reach it.
+        entries = re.search(r"\((model\.mtp_layers\.0\.\S+): by its entr(?:y|ies) (.*?)\), which", error)
+        assert entries, error
+        module, named = entries[1], entries[2]
+        ignored = any(re.fullmatch(entry.removeprefix("re:"), module) for entry in IGNORED[shape.ignored])
+        assert ("ignore[" in named) == ignored, error
+        assert ("ignore[" in named) != ("targets[" in named), error
         return
     # Loaded (the series' check of every draft parameter passed): the MTP block's projections, all
     # stored quantized, were built quantized.

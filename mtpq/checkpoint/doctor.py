@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from dataclasses import dataclass, field, fields
+from functools import cached_property
 from pathlib import Path
 
 from mtpq.checkpoint import facts, matching, schemes
@@ -75,6 +76,23 @@ class Diagnosis:
     fixes: dict[str, list[str]] = field(default_factory=dict)
     series: dict[str, str] = field(default_factory=dict)  # release -> the series serving it
     seconds: float = 0.0
+
+    @cached_property
+    def mixed_precision(self) -> matching._ModelOptConfig | None:
+        """A ModelOpt MIXED_PRECISION config (each quantized module in a quantized_layers entry of its
+        own), as vLLM reads it; None for any other config. Built once: each release's verdict reads it."""
+        config_class = matching.get_quantization_config("modelopt_mixed")
+        if not config_class.override_quantization_method(self.checkpoint.quantization, None):
+            return None
+        return config_class.from_config(self.checkpoint.quantization)
+
+    @cached_property
+    def gptq_builds(self) -> schemes.GptqBuilds | None:
+        """How vLLM's GPTQ config builds a module by the name it is built under (schemes.gptq_builds), for
+        a GPTQ checkpoint; None for any other. Built once: each release's verdict reads it."""
+        if self.checkpoint.quantization.get("quant_method") != "gptq":
+            return None
+        return schemes.gptq_builds(self.checkpoint.quantization, self.checkpoint.tensors)
 
     @property
     def tensors_missing(self) -> bool:
@@ -391,7 +409,7 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
         )
     keeps_own_scheme = patched and release.series_keeps_mtp_own_scheme
     shards_before_class = patched or release.shard_names_before_class
-    mixed_precision, gptq_builds = _modelopt_mixed_precision(checkpoint), _gptq_builds(checkpoint)
+    mixed_precision, gptq_builds = diagnosis.mixed_precision, diagnosis.gptq_builds
     if not keeps_own_scheme and (
         missed := [
             runtime_layer(module.runtime)
@@ -468,7 +486,7 @@ def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftMod
     naming = release.draft_name
     _, entries = checkpoint.ignore_entries()
     compressed_tensors = checkpoint.quantization.get("quant_method") == "compressed-tensors"
-    mixed_precision, gptq_builds = _modelopt_mixed_precision(checkpoint), _gptq_builds(checkpoint)
+    mixed_precision, gptq_builds = diagnosis.mixed_precision, diagnosis.gptq_builds
     modules = []
     for name, stored in diagnosis.modules().items():
         if architecture and _module_kind(name) in architecture.plain_linears:
@@ -578,27 +596,10 @@ def _targeting_group(checkpoint: Checkpoint, runtime: str, shards_before_class: 
 # --- ModelOpt mixed precision's matching, as vLLM does it ---------------------------------------------
 
 
-def _modelopt_mixed_precision(checkpoint: Checkpoint) -> matching._ModelOptConfig | None:
-    """A ModelOpt MIXED_PRECISION config (each quantized module in a quantized_layers entry of its own),
-    as vLLM reads it; None for any other config."""
-    config_class = matching.get_quantization_config("modelopt_mixed")
-    if not config_class.override_quantization_method(checkpoint.quantization, None):
-        return None
-    return config_class.from_config(checkpoint.quantization)
-
-
 def _entry_algo(config: matching._ModelOptConfig, name: str) -> str | None:
     """The quant_algo a ModelOpt mixed-precision config builds a module of this name in; None:
     unquantized (excluded, or without an entry)."""
     return None if config.is_layer_excluded(name) else config._resolve_quant_algo(name)
-
-
-def _gptq_builds(checkpoint: Checkpoint):
-    """How vLLM's GPTQ config builds a module by the name it is built under (schemes.gptq_builds), for a
-    GPTQ checkpoint; None for any other."""
-    if checkpoint.quantization.get("quant_method") != "gptq":
-        return None
-    return schemes.gptq_builds(checkpoint.quantization, checkpoint.tensors)
 
 
 def _own_group_missed(
@@ -606,7 +607,7 @@ def _own_group_missed(
     module: DraftModule,
     shards_before_class: bool,
     mixed_precision: matching._ModelOptConfig | None,
-    gptq_builds,
+    gptq_builds: schemes.GptqBuilds | None,
 ) -> bool:
     """A quantized MTP module whose config group (ModelOpt mixed precision, the checkpoint's
     `mixed_precision` config: quantized_layers entry) by its checkpoint name is not the one its draft

@@ -393,8 +393,8 @@ def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple
 
 
 # Series that build each drafter's MTP layer in the config group the checkpoint gives it by its own
-# names (v0.22.1 series' 0012-0015a and 0018 re-key the quant config onto the draft's names; v0.33.0
-# series' 0015-0019c look the draft's modules up by the checkpoint's): first release.
+# names (the v0.22.1 series' 0014-0015a, 0018 and 0019, the v0.33.0 series' 0015-0019c: the draft's
+# modules looked up by the checkpoint's names): first release.
 SERIES_KEEPS_MTP_OWN_SCHEME = {"0.22.1": True}
 # compressed-tensors' find_matched_target: a fused linear whose shards a config group names takes that
 # group before a group targeting its class ("Linear"): first release (stock; every series does, the

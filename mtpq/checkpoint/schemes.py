@@ -17,7 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 
 from mtpq.checkpoint import matching
 from mtpq.checkpoint.facts import FLOAT_DTYPES
@@ -52,6 +52,8 @@ _LOADED_BY_QUARK_SCHEME = {
 }
 # quant_method -> the vLLM quantization method that builds it.
 _GPTQ_FAMILY_METHODS = {"gptq": "auto_gptq", "auto-round": "inc", "inc": "inc"}
+# A module's name as built -> its (bits, group size), None where unquantized, and what decided it.
+GptqBuilds = Callable[[str], tuple[tuple[int, int] | None, str]]
 
 
 class _StoredLinear:
@@ -215,7 +217,7 @@ def _stored_group_size(tensors: Mapping, module: str, bits: int, built_group: in
     return stored if stored != (input_rows if built_group == -1 else built_group) else None
 
 
-def gptq_builds(quantization_config: Mapping, tensors: Mapping):
+def gptq_builds(quantization_config: Mapping, tensors: Mapping) -> GptqBuilds:
     """How vLLM's GPTQ config builds a module, by the name it is built under: a function of that name
     giving its (bits, group size), None where unquantized, and what decides it. Where the config lists
     no modules_in_block_to_quantize, vLLM reads them from the headers: the modules stored quantized, by

@@ -254,9 +254,8 @@ def run_pytest(python: str, workspace: Path, overlay: Path, arguments: list[str]
     command += ["-q", "--continue-on-collection-errors", f"@{argfile}"]
     done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True)
     if not outcomes.exists():
-        raise RuntimeError(
-            f"pytest recorded no outcomes on {overlay.name} (exit {done.returncode}):\n{done.stdout[-3000:]}"
-        )
+        output = (done.stdout + done.stderr)[-3000:]
+        raise ProofError(f"pytest recorded no outcomes on {overlay.name} (exit {done.returncode}):\n{output}")
     imported = origin.read_text().strip() if origin.exists() else "nothing"
     if not imported.startswith(str(overlay / "vllm")):
         raise ProofError(f"the tests imported vllm from {imported}, not from {overlay}")
