@@ -30,17 +30,18 @@ ROOT = Path(__file__).resolve().parent.parent
 
 # One dense and one MoE MTP layer: the online schemes cover linear layers, MoE experts or both.
 DENSE_AND_MOE = ("mimo", "glm4_moe")
-BF16_DRAFT = "none"
-# Linear layers only, the structured form: on MoE drafts the CPU has no online FP8 MoE kernel.
-FP8_LINEAR_ONLY = {"quant_method": "online", "linear": "fp8_per_channel"}
+BF16_DRAFT = "unquantized"
+# Linear layers only, --quantization-config's form: on MoE drafts the CPU has no online FP8 MoE kernel.
+FP8_LINEAR_ONLY = {"online_config": {"linear": "fp8_per_channel"}}
 GPU_SCHEMES = ("fp8_per_block", "mxfp8", "nvfp4_per_token")
 
 
 def schemes(on_gpu: bool) -> list:
-    from vllm.config.quantization import _ONLINE_SHORTHANDS
+    from vllm.config.quantization import ONLINE_QUANT_SHORTHAND_NAMES
 
-    online = list(GPU_SCHEMES) if on_gpu else sorted(_ONLINE_SHORTHANDS)
-    return [BF16_DRAFT, *online, FP8_LINEAR_ONLY]
+    # "online" alone names no scheme: its fields come in online_config.
+    names = GPU_SCHEMES if on_gpu else sorted(set(ONLINE_QUANT_SHORTHAND_NAMES) - {"online"})
+    return [BF16_DRAFT, *({"online": name} for name in names), FP8_LINEAR_ONLY]
 
 
 def label(option) -> str:

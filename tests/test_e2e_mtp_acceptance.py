@@ -126,15 +126,15 @@ def test_auto_reaches_the_bf16_acceptance_losslessly(engine_run, engineered_chec
 
 
 @pytest.mark.parametrize("case", CHOICE_CASES, ids=Case.name)
-def test_none_builds_the_draft_unquantized(engine_run, engineered_checkpoint, case):
-    report = engine_run(EngineRun("patched", case, {"draft_quant_config": "none"}))
+def test_unquantized_builds_the_draft_unquantized(engine_run, engineered_checkpoint, case):
+    report = engine_run(EngineRun("patched", case, {"draft_quant_config": "unquantized"}))
     assert_full_acceptance_and_lossless(report, engineered_checkpoint, case)
     assert draft_methods(report) <= UNQUANTIZED
 
 
 @pytest.mark.parametrize("case", CHOICE_CASES, ids=Case.name)
-def test_inherit_fails_loudly_instead_of_drafting_garbage(engine_run, case):
-    report = engine_run(EngineRun("patched", case, {"draft_quant_config": "inherit"}))
+def test_target_fails_loudly_instead_of_drafting_garbage(engine_run, case):
+    report = engine_run(EngineRun("patched", case, {"draft_quant_config": "target"}))
     # A chained error (KeyError -> ours) logs its cause first: look at every logged exception.
     raised = [report.get("error", ""), *report.get("logged_exceptions", [])]
     assert any(LOUD_LOAD_HINT in error for error in raised), report

@@ -177,8 +177,8 @@ def survey(tmp_path):
 
 
 def decide(found) -> tuple[str, str]:
-    """(the draft's quantization, the log summary): "none" / "inherit" for the whole draft; the
-    v0.22.1 series' per-module split of MTP layer and decoder block as "inherit/none"."""
+    """(the draft's quantization, the log summary): "unquantized" / "target" for the whole draft; the
+    v0.22.1 series' per-module split of MTP layer and decoder block as "target/unquantized"."""
     decision = mtp_checkpoint.decide_draft_quantization(found)
     if hasattr(decision, "quant_config"):
         return decision.quant_config, decision.summary
@@ -208,7 +208,7 @@ def test_each_quantization_format_is_recognised_in_each_mtp_layout(write_checkpo
     assert found.quantized == {module: label for module in layout.glue + layout.block}
     assert found.unquantized == ()
     assert found.prefixes == (layout.root,)
-    assert choice == "inherit"
+    assert choice == "target"
     assert f"as {label} -> draft keeps the target's quantization (headers" in summary
 
 
@@ -222,7 +222,7 @@ def test_bf16_mtp_layer_of_a_quantized_model_gives_an_unquantized_draft(write_ch
 
     assert found.quantized == {}
     assert found.unquantized == tuple(sorted(layout.glue + layout.block))
-    assert choice == "none"
+    assert choice == "unquantized"
     expected = (
         rf"MTP tensors {re.escape(layout.root)}\.\*: {len(found.unquantized)} unquantized, 0 quantized "
         r"-> draft unquantized \(headers: 1 file, \d+(\.\d)? (B|KiB) of \d+\.\d KiB read\)"
@@ -244,7 +244,7 @@ def test_quantized_glue_around_a_bf16_block_is_split_or_refused(write_checkpoint
     glue = ", ".join(layout.glue)
     if series.directory.name == "v0.22.1":
         choice, summary = decide(found)
-        assert choice == "inherit/none"
+        assert choice == "target/unquantized"
         assert f"-> decoder block unquantized, {glue} keep the target's quantization" in summary
     else:
         with pytest.raises(ValueError) as refused:
@@ -265,7 +265,7 @@ def test_quantized_block_with_bf16_glue_and_router_keeps_the_target_quantization
 
     assert found.block_quantized == sorted(layout.block)
     assert found.glue_unquantized == list(layout.glue)
-    assert choice == "inherit"
+    assert choice == "target"
     assert f"draft keeps the target's quantization; unquantized: {', '.join(layout.glue)} (" in summary
     assert not [module for module in layout.exempt if module in summary]
 

@@ -58,7 +58,7 @@ SCENARIOS = ("bf16", "quantized", "bf16_block")
 # Quantized projections around a BF16 decoder block, per series. v0.22.1 builds the block with its own
 # quant config (patch 0005) and only the projections quantized; v0.33.0 builds the whole draft with
 # one quant config and refuses the layout when draft_quant_config is resolved, naming both parts.
-SPLIT_LAYOUT_DECISION = {"v0.22.1": "mtp_layer=inherit block=none", "v0.33.0": None}
+SPLIT_LAYOUT_DECISION = {"v0.22.1": "mtp_layer=target block=unquantized", "v0.33.0": None}
 SPLIT_LAYOUT_REFUSAL = (
     "draft_quant_config='auto': the checkpoint stores the MTP layer's",
     "but its decoder block",
@@ -84,7 +84,7 @@ def quantized_linears(result: dict) -> set[str]:
 def test_patched_draft_of_a_bf16_mtp_layer_is_unquantized(draft, architecture):
     result = built(draft("patched", architecture, "bf16"))
     projections, block = QUANTIZED_LINEARS[architecture]
-    assert result["draft_quant_decision"] == "none"
+    assert result["draft_quant_decision"] == "unquantized"
     assert projections | block <= set(result["linears"])
     assert set(result["linears"].values()) <= UNQUANTIZED, result["linears"]
 
@@ -93,7 +93,7 @@ def test_patched_draft_of_a_bf16_mtp_layer_is_unquantized(draft, architecture):
 def test_patched_draft_of_a_quantized_mtp_layer_keeps_the_target_quantization(draft, architecture):
     result = built(draft("patched", architecture, "quantized"))
     projections, block = QUANTIZED_LINEARS[architecture]
-    assert result["draft_quant_decision"] == "inherit"
+    assert result["draft_quant_decision"] == "target"
     assert quantized_linears(result) == projections | block
 
 

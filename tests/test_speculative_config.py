@@ -15,18 +15,32 @@ from tests.probes.mtp_vllm import INT8_W8A8_QUANTIZATION_CONFIG
 
 PROBE = "speculative_config"
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
-OPTIONS = {"auto": "auto", "inherit": "inherit", "none": "none", "dict": INT8_W8A8_QUANTIZATION_CONFIG}
+OPTIONS = {
+    "auto": "auto",
+    "target": "target",
+    "unquantized": "unquantized",
+    "checkpoint": {"checkpoint": INT8_W8A8_QUANTIZATION_CONFIG},
+}
 BAD_OPTIONS = {
-    "unknown-name": ("bf16", ["'auto'", "'inherit'", "'none'"]),
-    "unknown-method": ({"quant_method": "not-a-method"}, ["not-a-method", "compressed-tensors", "fp8"]),
-    "bad-fields": ({"quant_method": "compressed-tensors", "config_groups": 7}, ["compressed-tensors"]),
+    "unknown-name": ("bf16", ["'auto'", "'target'", "'unquantized'"]),
+    # The mode words of earlier series: Python's None is the only "none" now.
+    "none": ("none", ["'auto'", "'target'", "'unquantized'"]),
+    "bare-quantization-config": (INT8_W8A8_QUANTIZATION_CONFIG, ["under 'checkpoint'"]),
+    "unknown-method": (
+        {"checkpoint": {"quant_method": "not-a-method"}},
+        ["draft_quant_config.checkpoint", "not-a-method", "compressed-tensors", "fp8"],
+    ),
+    "bad-fields": (
+        {"checkpoint": {"quant_method": "compressed-tensors", "config_groups": 7}},
+        ["draft_quant_config.checkpoint", "compressed-tensors"],
+    ),
 }
 MTP_TENSOR_PREFIX = "model.mtp_layers."
 # vLLM's online quantization for the BF16 MTP layer, in both forms (names both releases have): the v0.33.0
 # series (0020) builds the draft with it, the v0.22.1 series (0016) refuses it.
 ONLINE_OPTIONS = {
-    "online-shorthand": "int8_per_channel_weight_only",
-    "online-dict": {"quant_method": "online", "moe": "int8_per_channel_weight_only"},
+    "online-shorthand": {"online": "int8_per_channel_weight_only"},
+    "online-config": {"online_config": {"moe": "int8_per_channel_weight_only"}},
 }
 
 
@@ -84,7 +98,7 @@ def verdicts(vllm_probe, engineered_checkpoint, tmp_path_factory):
         scenarios[name] = [str(engineered_checkpoint("int8_w8a8")), {**MTP, "draft_quant_config": option}]
     for name, (option, _) in BAD_OPTIONS.items():
         scenarios[name] = [str(engineered_checkpoint("int8_w8a8")), {**MTP, "draft_quant_config": option}]
-    ngram = {"method": "ngram", "num_speculative_tokens": 2, "draft_quant_config": "none"}
+    ngram = {"method": "ngram", "num_speculative_tokens": 2, "draft_quant_config": "unquantized"}
     scenarios["ngram-with-option"] = [str(engineered_checkpoint("bf16")), ngram]
     for name, (damage, _, _) in DAMAGED.items():
         checkpoint = tmp_path_factory.mktemp(name)
@@ -104,23 +118,25 @@ def test_unpatched_vllm_has_no_draft_quant_config(verdicts):
 @pytest.mark.parametrize("quant", ["int8_w8a8", "w4a16"])
 def test_auto_builds_a_bf16_mtp_block_unquantized_and_logs_its_evidence(verdicts, quant):
     verdict = verdicts("patched")[f"{quant}-auto"]
-    assert verdict["decision"] == "none"
+    assert verdict["decision"] == "unquantized"
     [line] = [line for line in verdict["log"] if "draft_quant_config=auto" in line]
     assert "model.mtp_layers.0.*" in line and "0 quantized" in line and "draft unquantized" in line
 
 
 def test_auto_leaves_an_unquantized_checkpoint_to_the_target(verdicts):
-    assert verdicts("patched")["bf16-auto"]["decision"] == "inherit"
+    assert verdicts("patched")["bf16-auto"]["decision"] == "target"
 
 
-@pytest.mark.parametrize("option", ["inherit", "none"])
+@pytest.mark.parametrize("option", ["target", "unquantized"])
 def test_explicit_choices_are_taken_as_given(verdicts, option):
     assert verdicts("patched")[f"int8_w8a8-{option}"]["decision"] == option
 
 
-def test_a_quant_config_dict_is_accepted_for_the_draft(verdicts):
-    verdict = verdicts("patched")["int8_w8a8-dict"]
-    assert "error" not in verdict and verdict["decision"] is None
+def test_the_mtp_layers_stored_format_is_accepted_for_the_draft(verdicts, series_design):
+    verdict = verdicts("patched")["int8_w8a8-checkpoint"]
+    # The v0.22.1 series' decision object decides between the target's config and none only.
+    assert "error" not in verdict
+    assert verdict["decision"] == (None if series_design == "v0.22.1" else "checkpoint")
 
 
 @pytest.mark.parametrize("scenario", ONLINE_OPTIONS)
@@ -129,7 +145,7 @@ def test_online_quantization_of_the_draft_as_the_series_offers_it(verdicts, seri
     verdict = verdicts("patched")[scenario]
     if series_design == "v0.22.1":
         assert "online quantization of the MTP draft needs vLLM 0.32" in verdict["error"]
-        assert "int8_per_channel_weight_only" in verdict["error"]
+        assert f"draft_quant_config.{next(iter(ONLINE_OPTIONS[scenario]))}" in verdict["error"]
         return
     assert verdict["decision"] == "online"
     [line] = [line for line in verdict["log"] if "OnlineQuantizationConfig" in line]

@@ -4,8 +4,8 @@ loaded.
 
 The ``step3p5`` section of tests/probes/mtp_drafts.py writes tiny Step3p5ForCausalLM checkpoints with
 ModelOpt's NVFP4 quantization_config or a compressed-tensors INT8 W8A8 one and only the tensors the
-draft loads, builds the draft the way the proposer does with draft_quant_config "auto", "inherit" or
-"none", and loads it through the engine's default loader. Only the NVFP4 GEMM kernel choice is stood
+draft loads, builds the draft the way the proposer does with draft_quant_config "auto", "target" or
+"unquantized", and loads it through the engine's default loader. Only the NVFP4 GEMM kernel choice is stood
 in for (vLLM has none for CPU).
 
 ModelOpt never quantizes an embedding, and the probe's NVFP4 checkpoints exclude the MTP head, so
@@ -108,7 +108,7 @@ def gate_shard_shapes(hf_config: dict) -> list[list[int]]:
 
 def test_patched_draft_of_a_bf16_mtp_block_is_unquantized_and_loads_every_parameter(run):
     built = run("patched", "bf16+auto")
-    assert built["draft_quant_decision"] == "none"
+    assert built["draft_quant_decision"] == "unquantized"
     assert BLOCK_LINEARS | {MTP_HEAD} <= set(built["linears"])
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
     assert unloaded(built) == set()
@@ -117,17 +117,17 @@ def test_patched_draft_of_a_bf16_mtp_block_is_unquantized_and_loads_every_parame
 def test_patched_draft_of_an_nvfp4_mtp_block_keeps_modelopt_nvfp4_and_loads(run, nvfp4):
     built = run("patched", "nvfp4+auto")
     # The survey finds NVFP4 block linears (and BF16 eh_proj and head, which it takes as no evidence).
-    assert built["draft_quant_decision"] == "inherit"
+    assert built["draft_quant_decision"] == "target"
     assert block_methods(built) == {nvfp4}
     assert methods_outside_block(built) <= UNQUANTIZED, built["linears"]
     assert unloaded(built) <= KV_CACHE_PARAMETERS
 
 
-def test_patched_inherit_on_a_bf16_mtp_block_fails_naming_the_tensor_it_would_cast(run, nvfp4):
+def test_patched_target_on_a_bf16_mtp_block_fails_naming_the_tensor_it_would_cast(run, nvfp4):
     """Forcing the target's NVFP4 onto a BF16 block: the first BF16 tensor, down_proj's (it sorts
     first), would be cast into its packed NVFP4 parameter (stock vLLM does so without a word, below):
     the series refuses it, naming the parameter, how its layer was built and the tensor."""
-    built = run("patched", "bf16+inherit")
+    built = run("patched", "bf16+target")
     assert block_methods(built) == {nvfp4}
     load = built["load"]
     assert load["error_type"] == "ValueError"
@@ -139,18 +139,18 @@ def test_patched_inherit_on_a_bf16_mtp_block_fails_naming_the_tensor_it_would_ca
     assert "draft_quant_config" in error
 
 
-def test_patched_none_on_an_nvfp4_mtp_block_fails_naming_an_nvfp4_scale(run):
+def test_patched_unquantized_on_an_nvfp4_mtp_block_fails_naming_an_nvfp4_scale(run):
     """An unquantized draft has no parameter for the NVFP4 scales, which sort before the packed
     weights: Step3p5MTP's KeyError names the first one, and the series names the checkpoint tensor the
     load stopped at and what decided the draft's quantization (0004c, v0.22.1's 0006c)."""
-    built = run("patched", "nvfp4+none")
+    built = run("patched", "nvfp4+unquantized")
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
     load = built["load"]
     assert load["error_type"] == "ValueError" and "loading stopped at checkpoint tensor" in load["error"]
     tensor = load["error"].partition("on KeyError: '")[2].partition("'")[0]
     assert tensor.startswith(f"{MTP_LAYER}.mtp_block."), load["error"]
     assert tensor.rpartition(".")[2] in NVFP4_SCALES
-    assert "draft_quant_config='none' decides the" in load["error"], load["error"]
+    assert "draft_quant_config='unquantized' decides the" in load["error"], load["error"]
 
 
 def test_unpatched_bf16_mtp_block_fails_with_seed_002s_shape_assertion(run, nvfp4, hf_config):

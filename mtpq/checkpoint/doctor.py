@@ -353,7 +353,10 @@ def patched_verdict(diagnosis: Diagnosis, release: facts.Release, series_dir: Pa
         decision = survey.decide_draft_quantization(found)
     except refused as error:
         return Verdict(CRASH, "draft_quant_config 'auto' refuses the mixed layout", str(error))
-    if getattr(decision, "block", None) == "none" or getattr(decision, "quant_config", None) == "none":
+    if (
+        getattr(decision, "block", None) == "unquantized"
+        or getattr(decision, "quant_config", None) == "unquantized"
+    ):
         return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
     # A series that refuses, while loading, a tensor its draft parameter would cast (0004b) stops on a
     # quantized MTP module the config builds in a scheme that cannot load it.
@@ -384,7 +387,7 @@ def _unreadable_config(error: Exception) -> Verdict:
 
 def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) -> Verdict:
     """The draft built with the checkpoint's quantization config: stock vLLM always builds it so, the
-    series when the MTP tensors are quantized ('inherit'). Crashes come in the order vLLM meets them:
+    series when the MTP tensors are quantized ('target'). Crashes come in the order vLLM meets them:
     building the draft, loading its tensors, checking what loaded."""
     checkpoint, architecture = diagnosis.checkpoint, diagnosis.architecture
     if checkpoint.quantization is None:
@@ -668,8 +671,8 @@ def fixes(diagnosis: Diagnosis, release: facts.Release) -> list[str]:
         if not diagnosis.survey.quantized and release.online_draft_quantization:
             found.append(
                 "optional, for the BF16 draft's memory and step time at some acceptance: draft_quant_config "
-                '\'fp8_per_block\' or another of vLLM\'s online schemes (or {"quant_method": "online", '
-                '"linear": ...}); refused at start-up where the platform lacks its kernels'
+                '{"online": "fp8_per_block"} or another of vLLM\'s online schemes (or {"online_config": '
+                '{"linear": ...}}); refused at start-up where the platform lacks its kernels'
             )
         entries, _ = stock_ignore_entries(diagnosis, release)
         if entries:

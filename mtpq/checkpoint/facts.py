@@ -446,7 +446,7 @@ PATCHED_UNLOADED = "were not initialized from checkpoint"
 
 
 # Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
-# (draft_quant_config = a --quantization shorthand or {"quant_method": "online", ...}; v0.33.0's 0020).
+# (draft_quant_config = {"online": <a --quantization shorthand>, "online_config": ...}; v0.33.0's 0020).
 ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.32.0": True}
 # Releases whose series refuse, while the draft loads, a checkpoint tensor its parameter would cast
 # silently (v0.33.0's 0004b, v0.22.1's 0006b): a quantized MTP module built unquantized or in another

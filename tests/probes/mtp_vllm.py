@@ -229,7 +229,7 @@ def has_draft_quant_config() -> bool:
 
 
 def draft_quant_decision(vllm_config) -> str | None:
-    """What draft_quant_config resolved to, as one string: "none" or "inherit" (the v0.33.0 series'
+    """What draft_quant_config resolved to, as one string: "unquantized" or "target" (the v0.33.0 series'
     decision, or the v0.22.1 series' when its MTP layer and block agree), "mtp_layer=X block=Y" for the
     v0.22.1 series' split decision; None under stock vLLM."""
     decision = getattr(vllm_config.speculative_config, "draft_quant_decision", None)

@@ -7,8 +7,8 @@ Builds the real ModelConfig and SpeculativeConfig the engine would build (no
 model weights are read, no engine starts) under whichever vLLM is first on
 PYTHONPATH, once per scenario in one process (importing vLLM is the slow part).
 Last stdout line: {"vllm_file": ..., "verdicts": {name: verdict}}, a verdict
-being the resolved draft quantization ("none", "inherit", or the v0.22.1 series'
-"inherit/none" split), the config hash and the INFO lines vLLM logged about it,
+being the resolved draft quantization ("unquantized", "target", or the v0.22.1 series'
+"target/unquantized" split), the config hash and the INFO lines vLLM logged about it,
 or ``{"error_type": ..., "error": ...}`` when refused.
 """
 
@@ -32,8 +32,8 @@ class _Collect(logging.Handler):
 
 
 def decision_name(decision) -> str | None:
-    """ "none" / "inherit" (the v0.33.0 series stores that string; the v0.22.1 series an object
-    deciding MTP layer and decoder block apart, shown as "inherit/none" when they differ)."""
+    """ "unquantized" / "target" (the v0.33.0 series stores that string; the v0.22.1 series an object
+    deciding MTP layer and decoder block apart, shown as "target/unquantized" when they differ)."""
     if decision is None or isinstance(decision, str):
         return decision
     if decision.mtp_layer == decision.block:

@@ -118,8 +118,8 @@ QUANTIZATION_CONFIGS = {
 RUNS = {
     "bf16+auto": ("bf16", None),
     "nvfp4+auto": ("nvfp4", None),
-    "bf16+inherit": ("bf16", "inherit"),
-    "nvfp4+none": ("nvfp4", "none"),
+    "bf16+target": ("bf16", "target"),
+    "nvfp4+unquantized": ("nvfp4", "unquantized"),
     "int8+auto": ("int8", None),
     "int8_with_head+auto": ("int8_with_head", None),
 }
