@@ -328,7 +328,7 @@ CASES = [
     unlisted_moe_case(QWEN3_NEXT, "int8_w8a8"),
     unlisted_moe_case(QWEN3_NEXT, "w4a16"),
     # openPangu Ultra MoE (DeepSeek-V3's layout): stock 0.32.0's OpenPangu draft fails at its first draft
-    # step (the DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks; patch 0024);
+    # step (the DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks; patch 0008);
     # exports whose `ignore` never saw the MTP layer fail sooner, building its experts quantized.
     Case(
         "pangu_ultra_moe",
@@ -536,7 +536,7 @@ QUANTIZED_MTP = Case(
 @dataclass(frozen=True)
 class OnlineDraftCase:
     """draft_quant_config with one of vLLM's online quantization schemes for a checkpoint's BF16 MTP layer
-    (the v0.33.0 series' 0020), and how the patched engine ends on each test-bed target: "acceptance X"
+    (the v0.33.0 series' 0010), and how the patched engine ends on each test-bed target: "acceptance X"
     (the BF16 draft's, here 1.0) or words of the start-up error that refuses it. Targets absent from
     `patched` do not run it. The series' own refusals name the option; an error vLLM raises building the
     draft (no kernel for the scheme on this CPU) passes through as vLLM words it (`series_refuses`
@@ -557,7 +557,7 @@ class OnlineDraftCase:
 # scheme's kernels do not (fp8_per_tensor and FP8 MoE: no CPU op; fp8_per_block: AMX; mxfp8, mxfp4: no
 # kernel; nvfp4_per_token: SM100). int8_per_channel_weight_only quantizes MoE experts only: MiMo's MTP layer
 # has none, and the CPU has no Int8 MoE backend for GLM-4.5's. The v0.22.1 series refuses every online
-# scheme at start-up (its 0016, with its own tests): its bed shows nothing more here.
+# scheme at start-up (with its own tests): its bed shows nothing more here.
 ONLINE_FP8 = {"online": "fp8_per_channel"}
 ONLINE_FP8_LINEAR = {"online_config": {"linear": "fp8_per_channel"}}
 ONLINE_INT8_MOE = {"online": "int8_per_channel_weight_only"}
@@ -663,7 +663,7 @@ OWN_SCHEME_MTP = [
 # (act-order off), which 0.32.0's GPTQ method has no parameter for.
 GPTQ_MTP_WITHOUT_G_IDX = {
     "0.22.1": "vLLM 0.22.1's GPTQ linear method registers g_idx whatever desc_act says, and this checkpoint "
-    "stores none (act-order off), so the v0.22.1 series' check of every draft parameter (0006) refuses the "
+    "stores none (act-order off), so the v0.22.1 series' check of every draft parameter (0003) refuses the "
     "draft: 'MTP draft parameter(s) received no checkpoint tensor: ...g_idx'",
 }
 W4A16_NEEDS_AVX512 = "the CPU engine runs W4A16 only with AVX-512, which this CPU lacks"

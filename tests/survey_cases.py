@@ -21,7 +21,7 @@ MODULE_ERRORS = (mtp_checkpoint.CheckpointHeaderError, mtp_checkpoint.MtpTensors
 
 
 # The v0.22.1 series' survey reads headers with its own bounded parser; the newer series' with
-# vLLM's parse_safetensors_file_metadata, which their patch 0000 bounds and checks.
+# vLLM's parse_safetensors_file_metadata, which their patch 0001 bounds and checks.
 OWN_PARSER = hasattr(mtp_checkpoint, "read_safetensors_header")
 MAX_HEADER_BYTES = mtp_checkpoint.MAX_HEADER_BYTES if OWN_PARSER else vllm_utils.MAX_SAFETENSORS_HEADER_BYTES
 

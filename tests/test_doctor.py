@@ -489,7 +489,7 @@ GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER = {
 @pytest.mark.parametrize("case", GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER)
 def test_a_gptq_or_auto_round_config_that_cannot_build_the_stored_mtp_layer_is_refused(tmp_path, case):
     """A GPTQ INT4 MTP layer beside a GPTQ trunk, named by a dynamic rule (GPTQ) or left outside
-    block_name_to_quantize (AutoRound): the series refuse the load (0004/0004b, v0.22.1's 0006/0006b); a
+    block_name_to_quantize (AutoRound): the series refuse the load (0004, v0.22.1's 0003); a
     rule that builds what is stored is not refused."""
     quantization, words = GPTQ_RULES_THAT_CANNOT_BUILD_THE_MTP_LAYER[case]
     layout = LAYOUTS["mimo"]
@@ -552,7 +552,7 @@ def test_a_gptq_config_vllm_cannot_read_is_a_crash_naming_the_field_not_a_traceb
 
 def test_a_quark_config_that_cannot_build_the_stored_mtp_layer_is_refused_by_the_series(tmp_path):
     """FP8 MTP tensors beside an INT8 trunk: a Quark config that builds them with its INT8
-    global_quant_config is refused by every series (0004b, v0.22.1's 0006b); a layer_quant_config
+    global_quant_config is refused by every series (0004, v0.22.1's 0003); a layer_quant_config
     pattern of the MTP layer's own that builds FP8 is not."""
     layout = LAYOUTS["mimo"]
     tensors = {"model.safetensors": layout.tensors("int8", "fp8")}
@@ -752,13 +752,15 @@ def test_a_deepseek_v3_sized_release_is_judged_from_its_headers_alone(tmp_path):
 
 def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin, installed_vllm):
     subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    subprocess.run(["git", "-C", str(tmp_path), "apply", str(survey_patch())], check=True)
+    # The patch's diff of the survey only: the files it changes beside it are not in this tree.
+    survey_diff = ["apply", f"--include={SURVEY_PATH}", str(survey_patch())]
+    subprocess.run(["git", "-C", str(tmp_path), *survey_diff], check=True)
     applied = (tmp_path / SURVEY_PATH).read_text()
 
     assert module_source(survey_patch()) == applied
     assert survey_patch().parent == newest_pin().series_dir == ROOT / "patches" / "v0.33.0"
     # The decision for this test bed's release is taken from the series its vLLM carries. What the
-    # doctor runs is the file the series leaves (0001a adds to it): the installed one,
+    # doctor runs is the file the series leaves (0002 adds it): the installed one,
     # character for character.
     assert (installed_vllm.site / SURVEY_PATH).read_text() == series_source(pin.series_dir)
     assert series_survey(pin.series_dir).__file__.endswith(f"{SURVEY_PATH}")
@@ -766,7 +768,7 @@ def test_the_survey_run_is_the_file_the_newest_series_adds(tmp_path, pin, instal
 
 def test_the_doctor_bounds_headers_as_patched_vllm_does(installed_vllm):
     """The doctor reads headers itself (standard library only), with the limit the newest series'
-    0000 gives vLLM's reader (the test bed's, `installed_vllm`): a header vLLM refuses is a doctor
+    0001 gives vLLM's reader (the test bed's, `installed_vllm`): a header vLLM refuses is a doctor
     finding, and no more."""
     from vllm.transformers_utils import utils as vllm_utils
 
@@ -827,14 +829,15 @@ def test_a_damaged_survey_patch_is_one_line_error(tmp_path, damage):
 
 def test_a_missing_survey_patch_is_one_line_error(tmp_path):
     copy = project_copy(tmp_path)
-    (copy / survey_patch().relative_to(ROOT)).unlink()
+    missing = survey_patch()
+    (copy / missing.relative_to(ROOT)).unlink()
 
     done = subprocess.run(
         [sys.executable, "-S", "-m", "mtpq", "doctor", "x"], cwd=copy, capture_output=True, text=True
     )
 
     assert done.returncode == 2 and done.stderr.count("\n") == 1
-    assert "0001-mtp-checkpoint-header-survey.patch" in done.stderr
+    assert missing.name in done.stderr
 
 
 # --- the command ------------------------------------------------------------------------------------

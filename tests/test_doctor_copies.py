@@ -3,7 +3,7 @@ standard library alone, checked against the original on the test bed: each copy 
 it drifts.
 
 - its safetensors header checks (mtpq/checkpoint/files.py) against patched vLLM's
-  parse_safetensors_file_metadata (series patch 0000), and its dtypes against the safetensors library;
+  parse_safetensors_file_metadata (series patch 0001), and its dtypes against the safetensors library;
 - its compressed-tensors ignore / target matching (mtpq/checkpoint/doctor.py) against vLLM's matcher;
 - its words for vLLM's errors (mtpq/checkpoint/facts.py) against the messages in the patches.
 """
@@ -18,7 +18,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from mtpq.checkpoint import doctor, facts, files, matching
+from mtpq.checkpoint import doctor, facts, files, matching, schemes
 from tests import header_checkpoints
 from tests.conftest import ROOT, target_version
 from tests.header_checkpoints import QUARK_FP8, QUARK_FP8_WEIGHT, QUARK_INT8, QUARK_INT8_WEIGHT, quark_entry
@@ -27,7 +27,7 @@ from tests.survey_cases import mutate, random_header
 vllm_utils = pytest.importorskip("vllm.transformers_utils.utils")
 with_patch_0000 = pytest.mark.skipif(
     not hasattr(vllm_utils, "SafetensorsHeaderError"),
-    reason="this test bed's series reads headers with its own parser (no patch 0000)",
+    reason="this test bed's series reads headers with its own parser (no header-bounds patch)",
 )
 
 HOSTILE_ENTRIES = [
@@ -105,7 +105,7 @@ def test_the_doctor_and_vllm_know_the_dtypes_the_safetensors_library_reads(tmp_p
 
 INSTALLED = target_version()
 ct_utils = pytest.importorskip("vllm.model_executor.layers.quantization.compressed_tensors.utils")
-FUSED_MAPPING = {fused: list(shards) for fused, shards in doctor._FUSED}
+FUSED_MAPPING = {fused: list(shards) for fused, shards in schemes.FUSED_LINEARS}
 LEAVES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "eh_proj", "q_a_proj"]
 PREFIXES = ["model.layers.2", "model.mtp_layers.0", "mtp.layers.0", "model.layers.61.mtp_block"]
 PARENTS = ["self_attn", "mlp", "mlp.shared_experts"]
@@ -138,7 +138,7 @@ def test_ignore_and_targets_match_as_vllms_compressed_tensors_matcher_does():
         entries = [random_entry(rng) for _ in range(rng.randrange(4))]
         targets = [random_entry(rng) for _ in range(rng.randrange(3))]
         shard = f"{rng.choice(PREFIXES)}.{rng.choice(PARENTS)}.{rng.choice(LEAVES)}"
-        layer = doctor.runtime_layer(shard)
+        layer = schemes.runtime_layer(shard)
         checkpoint = SimpleNamespace(
             ignore_entries=lambda entries=entries: ("ignore", entries),
             quantization={"config_groups": {"group_0": {"targets": targets}}},
@@ -203,7 +203,7 @@ def patch_text(series: str, name_part: str) -> str:
         (facts.PATCHED_NO_MTP_LAYERS.split("{model}")[1], "v0.22.1", "refuse-mtp-without-mtp-layers"),
         (facts.PATCHED_PREFIX, "v0.33.0", "refuse-mtp-without-mtp-layers"),
         (facts.PATCHED_UNLOADED, "v0.33.0", "check-every-mtp-draft-parameter"),
-        (facts.PATCHED_UNLOADED, "v0.22.1", "loud-mtp-draft-weight-loading"),
+        (facts.PATCHED_UNLOADED, "v0.22.1", "check-every-mtp-draft-parameter"),
     ],
 )
 def test_the_doctors_words_for_the_series_errors_are_the_patches(words, series, patch):

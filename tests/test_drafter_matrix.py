@@ -346,8 +346,8 @@ def test_patched_namings_are_mtp_for_auto_and_mismatched_tensors_are_named(live_
     named = drafters.DRAFTER_NAMED_ERROR if NAMES_THE_DRAFTER[TARGET] else drafters.NAMED_ERROR
     # Checkpoints that lack some of the draft's MTP tensors: the own-scheme one holds a single layer's.
     missing_named = drafters.NAMED_ERROR if key in OWN_MISSING_TENSOR_CHECK else named
-    # Every series builds the layer in the scheme the checkpoint gives it by its own names (v0.33.0's
-    # 0014-0019c, v0.32.0's 0019a, v0.22.1's 0012-0015a, 0018, 0019).
+    # Every series builds the layer in the scheme the checkpoint gives it by its own names (each
+    # series' 0009, and the v0.32.0 series' Inkling backport).
     assert row["own_scheme"] == drafters.OWN_SCHEME, row["own_scheme"]
     assert row["own_scheme_pairs"] == drafters.OWN_SCHEME_EVERY_PAIR, row["own_scheme_pairs"]
     assert row["namings"].endswith(drafters.RECOGNISED), row["namings"]

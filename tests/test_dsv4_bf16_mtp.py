@@ -4,7 +4,7 @@ fully loaded, and its attention output projection takes the BF16 wo_a path.
 The ``dsv4`` section of tests/probes/mtp_drafts.py checks the BF16 wo_a projection against float64 on
 fresh random inputs, builds and loads DeepSeek-V4 MTP drafts from tiny checkpoints as CUDA builds them
 and as the default loader loads them, and runs the MTP block's o_proj with only the CUDA kernels stood
-in for. The BF16 path is the v0.22.1 series' (patch 0008) there and upstream's on vLLM 0.32+
+in for. The BF16 path is the v0.22.1 series' (patch 0005) there and upstream's on vLLM 0.32+
 (models/deepseek_v4/nvidia/ops/o_proj.py), where stock vLLM has it too.
 """
 
@@ -63,13 +63,13 @@ STOCK_O_PROJ_OF_WEIGHT_SCALE = {
     "v0.33.0": {"fp8_kernels": FP8_KERNELS, "fp8_scale": "weight_scale"},
 }
 # How the patched loader names an FP8 wo_a whose scale the checkpoint lacks (v0.22.1: its own check,
-# patch 0006; v0.33.0: the loader's weight tracking made strict for MTP drafts, patch 0004).
+# patch 0003; v0.33.0: the loader's weight tracking made strict for MTP drafts, patch 0004).
 UNSCALED_WO_A_ERROR = {
     "v0.22.1": f"1 MTP draft parameter(s) received no checkpoint tensor: {WO_A}.weight_scale.",
     "v0.33.0": f"Following weights were not initialized from checkpoint: {{'{WO_A}.weight_scale'}}.",
 }
 # Whether a wo_a the o_proj cannot read (FP8 without a scale, a packed uint8 weight) is refused when
-# the model is built: the v0.22.1 series' rule (patch 0008); not ported to the v0.33.0 series.
+# the model is built: the v0.22.1 series' rule (patch 0005); not ported to the v0.33.0 series.
 REFUSES_UNREADABLE_WO_A_AT_BUILD = {"v0.22.1": True, "v0.33.0": False}
 
 

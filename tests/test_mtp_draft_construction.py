@@ -56,7 +56,7 @@ PROBED_ARCHITECTURES = sorted(QUANTIZED_LINEARS)
 SCENARIOS = ("bf16", "quantized", "bf16_block")
 
 # Quantized projections around a BF16 decoder block, per series. v0.22.1 builds the block with its own
-# quant config (patch 0005) and only the projections quantized; v0.33.0 builds the whole draft with
+# quant config (its patch 0002) and only the projections quantized; v0.33.0 builds the whole draft with
 # one quant config and refuses the layout when draft_quant_config is resolved, naming both parts.
 SPLIT_LAYOUT_DECISION = {"v0.22.1": "mtp_layer=target block=unquantized", "v0.33.0": None}
 SPLIT_LAYOUT_REFUSAL = (

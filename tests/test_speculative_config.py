@@ -1,5 +1,6 @@
-"""Patches 0003 and 0007, at start-up: `draft_quant_config` in --speculative-config, resolved from the
-checkpoint's headers, and "mtp" refused on checkpoints without MTP layers.
+"""Patches 0002 and 0005 (v0.22.1: 0002 and 0004), at start-up: `draft_quant_config` in
+--speculative-config, resolved from the checkpoint's headers, and "mtp" refused on checkpoints without
+MTP layers.
 
 Every scenario is resolved by vLLM's real SpeculativeConfig in one probe process per vLLM variant.
 """
@@ -37,7 +38,7 @@ BAD_OPTIONS = {
 }
 MTP_TENSOR_PREFIX = "model.mtp_layers."
 # vLLM's online quantization for the BF16 MTP layer, in both forms (names both releases have): the v0.33.0
-# series (0020) builds the draft with it, the v0.22.1 series (0016) refuses it.
+# series (0010) builds the draft with it, the v0.22.1 series refuses it.
 ONLINE_OPTIONS = {
     "online-shorthand": {"online": "int8_per_channel_weight_only"},
     "online-config": {"online_config": {"moe": "int8_per_channel_weight_only"}},

@@ -142,7 +142,7 @@ def test_patched_target_on_a_bf16_mtp_block_fails_naming_the_tensor_it_would_cas
 def test_patched_unquantized_on_an_nvfp4_mtp_block_fails_naming_an_nvfp4_scale(run):
     """An unquantized draft has no parameter for the NVFP4 scales, which sort before the packed
     weights: Step3p5MTP's KeyError names the first one, and the series names the checkpoint tensor the
-    load stopped at and what decided the draft's quantization (0004c, v0.22.1's 0006c)."""
+    load stopped at and what decided the draft's quantization (0004, v0.22.1's 0003)."""
     built = run("patched", "nvfp4+unquantized")
     assert set(built["linears"].values()) <= UNQUANTIZED, built["linears"]
     load = built["load"]

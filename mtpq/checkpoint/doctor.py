@@ -25,13 +25,6 @@ ZERO = "silent 0 % acceptance"
 CRASH = "crash"
 UNKNOWN = "unknown"
 
-# Linears vLLM fuses: a shard's runtime layer and every shard it is matched through.
-_FUSED = (
-    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
-    ("gate_up_proj", ("gate_proj", "up_proj")),
-    ("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
-)
-_EXPERT = re.compile(r"^(?P<experts>.*\.experts)\.\d+\.\w+$")
 # vLLM's compressed-tensors MoE method decides a whole expert layer from expert 0's projections.
 _EXPERT_SHARDS = ("0.gate_proj", "0.up_proj", "0.down_proj")
 
@@ -358,7 +351,7 @@ def patched_verdict(diagnosis: Diagnosis, release: facts.Release, series_dir: Pa
         or getattr(decision, "quant_config", None) == "unquantized"
     ):
         return Verdict(WORKS, f"draft_quant_config 'auto': {decision.summary}")
-    # A series that refuses, while loading, a tensor its draft parameter would cast (0004b) stops on a
+    # A series that refuses, while loading, a tensor its draft parameter would cast (0004) stops on a
     # quantized MTP module the config builds in a scheme that cannot load it.
     if release.series_refuses_casts:
         config_file = f"{checkpoint.name}/config.json"
@@ -415,7 +408,7 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
     mixed_precision, gptq_builds = diagnosis.mixed_precision, diagnosis.gptq_builds
     if not keeps_own_scheme and (
         missed := [
-            runtime_layer(module.runtime)
+            schemes.runtime_layer(module.runtime)
             for module in modules
             if _own_group_missed(checkpoint, module, shards_before_class, mixed_precision, gptq_builds)
         ]
@@ -435,11 +428,11 @@ def _draft_verdict(diagnosis: Diagnosis, release: facts.Release, patched: bool) 
     for module in modules:
         if module.built != "quantized" or module.stored not in facts.FLOAT_DTYPES:
             continue
-        layer = runtime_layer(module.runtime)
+        layer = schemes.runtime_layer(module.runtime)
         method, fmt = facts.quantization_format(
             checkpoint.quantization, _targeting_group(checkpoint, module.runtime)
         )
-        if _EXPERT.match(module.runtime) and (gap := release.moe_kernel_missing.get(fmt)):
+        if schemes.EXPERT.match(module.runtime) and (gap := release.moe_kernel_missing.get(fmt)):
             kernel_gaps[layer] = Verdict(
                 CRASH, f"the draft's {layer} is built {fmt}: no {diagnosis.platform} MoE kernel", gap
             )
@@ -526,20 +519,12 @@ def draft_modules(diagnosis: Diagnosis, release: facts.Release) -> list[DraftMod
 # --- compressed-tensors' matching, as vLLM does it ---------------------------------------------------
 
 
-def runtime_layer(runtime: str) -> str:
-    """The layer vLLM builds a checkpoint module into: its fused linear, or its expert layer."""
-    if expert := _EXPERT.match(runtime):
-        return expert["experts"]
-    parent, _, leaf = runtime.rpartition(".")
-    return next((f"{parent}.{fused}" for fused, shards in _FUSED if leaf in shards), runtime)
-
-
 def _shards(runtime: str) -> list[str]:
     """The names vLLM matches a runtime module through: every shard of its fused layer."""
-    if expert := _EXPERT.match(runtime):
+    if expert := schemes.EXPERT.match(runtime):
         return [f"{expert['experts']}.{shard}" for shard in _EXPERT_SHARDS]
     parent, _, leaf = runtime.rpartition(".")
-    for _, shards in _FUSED:
+    for _, shards in schemes.FUSED_LINEARS:
         if leaf in shards:
             return [f"{parent}.{shard}" for shard in shards]
     return [runtime]
@@ -566,9 +551,9 @@ def _ignored(
     _, entries = checkpoint.ignore_entries()
     if architecture:
         entries = architecture.renamed_ignore(entries)
-    layer = runtime_layer(runtime)
+    layer = schemes.runtime_layer(runtime)
     by_name = release.ignore_by_fused_name
-    if not _EXPERT.match(runtime) and (
+    if not schemes.EXPERT.match(runtime) and (
         layer in entries or (by_name == "matched" and _matches_any(layer, entries))
     ):
         return True
@@ -581,8 +566,8 @@ def _targeting_group(checkpoint: Checkpoint, runtime: str, shards_before_class: 
     naming its (fused) linear, then each of its shards, then the class name "Linear" (every linear, and
     the fused experts vLLM adds for it); the class before the shards where `shards_before_class` is
     False (facts.SHARD_NAMES_BEFORE_CLASS). An expert layer is decided by expert 0's gate_proj."""
-    layer, shards = runtime_layer(runtime), _shards(runtime)
-    if _EXPERT.match(runtime):
+    layer, shards = schemes.runtime_layer(runtime), _shards(runtime)
+    if schemes.EXPERT.match(runtime):
         layer, shards = shards[0], shards[:1]
     groups = list((checkpoint.quantization.get("config_groups") or {}).values())
 

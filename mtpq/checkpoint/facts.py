@@ -273,7 +273,7 @@ ARCHITECTURES = (
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
-        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0024).
+        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0008).
         stock_draft_step_fails={
             "0.32.0": "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'"
         },
@@ -393,12 +393,12 @@ def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple
 
 
 # Series that build each drafter's MTP layer in the config group the checkpoint gives it by its own
-# names (the v0.22.1 series' 0014-0015a, 0018 and 0019, the v0.33.0 series' 0015-0019c: the draft's
+# names (the v0.22.1 and v0.33.0 series' 0009: the draft's
 # modules looked up by the checkpoint's names): first release.
 SERIES_KEEPS_MTP_OWN_SCHEME = {"0.22.1": True}
 # compressed-tensors' find_matched_target: a fused linear whose shards a config group names takes that
 # group before a group targeting its class ("Linear"): first release (stock; every series does, the
-# v0.22.1 one by its 0012). Before, a group naming q_proj/k_proj/v_proj lost qkv_proj to "Linear".
+# v0.22.1 one by a backport). Before, a group naming q_proj/k_proj/v_proj lost qkv_proj to "Linear".
 SHARD_NAMES_BEFORE_CLASS = {"0.32.0": True}
 
 
@@ -437,19 +437,19 @@ def _moe_kernel_missing(version: str, drafter: MtpArchitecture, platform: str) -
 STOCK_INDEX_FILE_MISSING = {"0.32.0": "Weight files referenced in index but missing"}
 # speculative.py checks num_speculative_tokens % n_predict: a declared count of 0 divides by zero.
 STOCK_ZERO_MTP_LAYERS = "integer modulo by zero"
-# Both series refuse "mtp" without MTP layers (v0.22.1 0007, v0.33.0 0005) with this message.
+# Both series refuse "mtp" without MTP layers (v0.22.1 0004, v0.33.0 0005) with this message.
 PATCHED_NO_MTP_LAYERS = "speculative method 'mtp' needs MTP layers, but the config of {model} declares none"
 # ... and with MTP layers but no tensors, prefixed to the survey's MtpTensorsMissingError.
 PATCHED_PREFIX = "speculative method 'mtp': "
-# Loud loading (v0.22.1 0006, v0.33.0 0004): a draft parameter that received no tensor is an error.
+# Loud loading (v0.22.1 0003, v0.33.0 0004): a draft parameter that received no tensor is an error.
 PATCHED_UNLOADED = "were not initialized from checkpoint"
 
 
 # Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
-# (draft_quant_config = {"online": <a --quantization shorthand>, "online_config": ...}; v0.33.0's 0020).
+# (draft_quant_config = {"online": <a --quantization shorthand>, "online_config": ...}; v0.33.0's 0010).
 ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.32.0": True}
 # Releases whose series refuse, while the draft loads, a checkpoint tensor its parameter would cast
-# silently (v0.33.0's 0004b, v0.22.1's 0006b): a quantized MTP module built unquantized or in another
+# silently (v0.33.0's 0004, v0.22.1's 0003): a quantized MTP module built unquantized or in another
 # scheme stops the load instead of drafting garbage.
 SERIES_REFUSES_CASTS = {"0.22.1": True}
 

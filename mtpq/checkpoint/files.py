@@ -17,11 +17,11 @@ from mtpq.core.errors import MtpqError
 if TYPE_CHECKING:  # for a type hint alone: reader.py imports this module
     from mtpq.checkpoint.reader import Checkpoint
 
-# The longest safetensors header read, as vLLM (series patch 0000) and the safetensors library allow.
+# The longest safetensors header read, as vLLM (series patch 0001) and the safetensors library allow.
 MAX_HEADER_BYTES = 100_000_000
 # An index or config is read whole: refuse one far larger than any real checkpoint's.
 MAX_INDEX_BYTES = 64 * 2**20
-# The dtypes the safetensors library (0.8) reads, as series patch 0000 lists them: it refuses a file
+# The dtypes the safetensors library (0.8) reads, as series patch 0001 lists them: it refuses a file
 # naming another, so a tensor of another dtype cannot load.
 SAFETENSORS_DTYPES = frozenset(
     "BOOL F4 F6_E2M3 F6_E3M2 U8 I8 F8_E5M2 F8_E4M3 F8_E8M0 F8_E4M3FNUZ F8_E5M2FNUZ "
@@ -53,7 +53,7 @@ def check_header_length(where: str, length: int, file_size: int) -> None:
 
 
 def parse_header(where: str, raw: bytes, file_size: int) -> Header:
-    """A header's JSON, each tensor entry checked as patched vLLM checks it (series patch 0000): a
+    """A header's JSON, each tensor entry checked as patched vLLM checks it (series patch 0001): a
     dtype the safetensors library reads, a shape of sizes and data_offsets [begin, end], all within
     the file (a shorter one is an incomplete download)."""
     try:

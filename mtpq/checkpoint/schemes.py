@@ -3,7 +3,7 @@ that scheme loads what the checkpoint stores: the doctor's prediction of the ser
 
 Patched vLLM has no start-up reading of the config for this: its draft is built by the config's own
 code and a tensor the built parameter would cast silently, or a parameter no tensor loads, stops the
-load (v0.32.0/v0.33.0 0004, 0004a, 0004b). The doctor reads checkpoints without vLLM, so it resolves
+load (v0.32.0/v0.33.0 0004). The doctor reads checkpoints without vLLM, so it resolves
 each module with the standard-library copies of vLLM's matching in mtpq.checkpoint.matching (compared
 with vLLM's own by tests/test_doctor_copies.py), by the checkpoint's module names, and compares the
 scheme with the module's on-disk format as the series' survey labels it. Only what would load wrong
@@ -17,6 +17,7 @@ from __future__ import annotations
 import copy
 import functools
 import os
+import re
 from collections.abc import Callable, Mapping
 
 from mtpq.checkpoint import matching
@@ -217,6 +218,23 @@ def _stored_group_size(tensors: Mapping, module: str, bits: int, built_group: in
     return stored if stored != (input_rows if built_group == -1 else built_group) else None
 
 
+# Linears vLLM fuses: a shard's runtime layer and every shard it is matched through.
+FUSED_LINEARS = (
+    ("qkv_proj", ("q_proj", "k_proj", "v_proj")),
+    ("gate_up_proj", ("gate_proj", "up_proj")),
+    ("fused_qkv_a_proj", ("q_a_proj", "kv_a_proj_with_mqa")),
+)
+EXPERT = re.compile(r"^(?P<experts>.*\.experts)\.\d+\.\w+$")
+
+
+def runtime_layer(runtime: str) -> str:
+    """The layer vLLM builds a checkpoint module into: its fused linear, or its expert layer."""
+    if expert := EXPERT.match(runtime):
+        return expert["experts"]
+    parent, _, leaf = runtime.rpartition(".")
+    return next((f"{parent}.{fused}" for fused, shards in FUSED_LINEARS if leaf in shards), runtime)
+
+
 def gptq_builds(quantization_config: Mapping, tensors: Mapping) -> GptqBuilds:
     """How vLLM's GPTQ config builds a module, by the name it is built under: a function of that name
     giving its (bits, group size), None where unquantized, and what decides it. Where the config lists
@@ -228,14 +246,16 @@ def gptq_builds(quantization_config: Mapping, tensors: Mapping) -> GptqBuilds:
     )
 
     def build(module: str) -> tuple[tuple[int, int] | None, str]:
-        rule = _first_dynamic_rule(quant_config.dynamic, module)
+        # vLLM looks a rule up by the name of the layer it builds: a fused linear's, an expert layer's.
+        layer = runtime_layer(module)
+        rule = _first_dynamic_rule(quant_config.dynamic, layer)
         if rule and rule.startswith("-:"):
             return None, f"is excluded by its dynamic rule {rule!r}"
         # Routed experts are built as one fused MoE layer, which only dynamic rules exclude.
         if ".experts." not in module and not matching.is_layer_gptq_quantized(module, in_block):
             return None, "is in none of the config's modules_in_block_to_quantize"
         bits, group_size = (
-            matching.get_dynamic_override(quant_config, module, key, default)
+            matching.get_dynamic_override(quant_config, layer, key, default)
             for key, default in (("bits", quant_config.weight_bits), ("group_size", quant_config.group_size))
         )
         return (bits, group_size), f"its dynamic rule {rule!r}" if rule else "the config's bits"

@@ -7,7 +7,7 @@ with no CPU engine, 0.33.0, is read too).
   vllm/config/speculative.py, run on stand-in configs: ``drafter_targets``);
 * the file that defines each drafter class, and how that file gets the draft's quantization config
   (``quant_source``): from ``vllm_config.quant_config`` or ``get_draft_quant_config`` (both carry the
-  series' draft_quant_config decision, patch 0003), or by its own logic, which bypasses it.
+  series' draft_quant_config decision, patch 0002), or by its own logic, which bypasses it.
 
 A tree is read through ``read(path) -> text or None``: a directory (``directory_reader``) or a git
 revision of a pinned tree (``revision_reader``), e.g. a release with its series applied.

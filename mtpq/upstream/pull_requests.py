@@ -7,6 +7,9 @@ fields. `Bug:` is the issue the patch fixes (the pull requests it relates to go 
 no bug report exists it is left out and the Purpose says so. A patch whose `Forwarded:` is
 `not-needed` (a backport that makes an older release match a newer one) is not proposed and not
 checked.
+
+The proposed patches are numbered as they apply and must be merged: the k-th is `NNNN-<name>.patch`
+with NNNN = k (0001, 0002, ...; no letter suffixes); a patch not proposed carries no number.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ _BUG_REPORT_URL = re.compile(r"https://github\.com/[\w.-]+/[\w.-]+/issues/\d+")
 _TEST_FILE = re.compile(r"tests/(.+/)?test_[^/]+\.py")
 # Our own notes and issue tracker mean nothing upstream: a PR cites upstream threads by URL.
 _LOCAL_REFERENCE = re.compile(r"\bseeds/|\bnotes/|\bmtpq (issue|task)\b", re.IGNORECASE)
+_NUMBERED = re.compile(r"(\d{4})-[a-z0-9][a-z0-9._-]*\.patch")
 _SECTION_LINE = re.compile(rf"^({'|'.join(SECTIONS)}):\s*$", re.MULTILINE)
 
 
@@ -72,7 +76,7 @@ def _without_dep3(text: str) -> str:
 
 def check_ready(series: Series) -> list[Finding]:
     """Every reason a proposed patch is not ready to be a pull request (empty: ready)."""
-    findings: list[Finding] = []
+    findings = _numbering(series)
     for patch in proposed(series):
         found = sections(patch)
 
@@ -109,6 +113,23 @@ def check_ready(series: Series) -> list[Finding]:
     return findings
 
 
+def _numbering(series: Series) -> list[Finding]:
+    """The proposed patches numbered 0001, 0002, ... in series order; the others unnumbered."""
+    findings = []
+    stack = proposed(series)
+    for patch in series.patches:
+        match = _NUMBERED.fullmatch(patch.name)
+        if patch not in stack:
+            if match:
+                findings.append(Finding(patch.name, "name", "is not proposed upstream, so it has no number"))
+            continue
+        expected = f"{stack.index(patch) + 1:04d}"
+        if not match or match.group(1) != expected:
+            place = f"pull request {int(expected)} of the stack: name it {expected}-<name>.patch"
+            findings.append(Finding(patch.name, "name", place))
+    return findings
+
+
 def pr_body(patch: Patch, stack: list[Patch]) -> str:
     """The pull request's description, in vLLM's template sections."""
     found = sections(patch)
@@ -130,8 +151,8 @@ def write_pull_requests(series: Series, out: Path) -> list[Path]:
         raise NotReadyError(f"{out} exists; give a new directory")
     stack = proposed(series)
     with crashsafe.private_path(out.parent, f".{out.name}.", is_dir=True) as staging:
-        for number, patch in enumerate(stack, start=1):
-            directory = staging / f"{number:02d}-{patch.path.stem}"
+        for patch in stack:
+            directory = staging / patch.path.stem
             directory.mkdir()
             shutil.copyfile(patch.path, directory / patch.name)
             (directory / "title.txt").write_text(patch.subject + "\n")

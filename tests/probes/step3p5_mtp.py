@@ -90,9 +90,9 @@ BF16_TENSORS = {
     **{f"{MTP_LAYER}.self_attn.{norm}.weight": (HF_CONFIG["head_dim"],) for norm in ("q_norm", "k_norm")},
 }
 
-# compressed-tensors INT8 W8A8 checkpoints with an INT8 MTP block (patch 0010: their KV-cache
+# compressed-tensors INT8 W8A8 checkpoints with an INT8 MTP block (patch 0007: their KV-cache
 # scales), one of them from a quantizer that also took the MTP layer's head, a target that reaches
-# the draft's head only under the head's name (patch 0009).
+# the draft's head only under the head's name (v0.22.1's patch 0006).
 MTP_HEAD = f"{MTP_LAYER}.shared_head.output"
 INT8_QUANTIZATION_CONFIG = {**INT8_W8A8_QUANTIZATION_CONFIG, "ignore": ["lm_head"]}
 INT8_WITH_HEAD_QUANTIZATION_CONFIG = {
