@@ -587,8 +587,11 @@ def install(kit: Path, site: Path) -> None:
     """Install the kit into `site` (for PYTHONPATH) and the stock vLLM beside it (`stock_tree`)."""
     payload = kit / "payload"
     shutil.rmtree(payload, ignore_errors=True)
-    with tarfile.open(fileobj=_Parts(verified_parts(kit)), mode="r|") as tar:
-        tar.extractall(payload, filter="tar")
+    try:
+        with tarfile.open(fileobj=_Parts(verified_parts(kit)), mode="r|") as tar:
+            tar.extractall(payload, filter="tar")
+    except tarfile.ReadError as error:  # parts whole by the manifest, but not a kit's tar stream
+        raise KitError(f"the parts in {kit} are not a kit's tar stream ({error}): rebuild the kit") from None
     site.mkdir(parents=True, exist_ok=True)
     install_wheels(Path(sys.executable), sorted((payload / "wheels").glob("*.whl")), site)
     with tarfile.open(payload / "vllm.tar.xz") as tar:

@@ -96,8 +96,11 @@ def test_a_missing_damaged_or_out_of_order_part_is_named_in_one_line(tmp_path, m
     saved = second.read_bytes()
     second.unlink()
     assert install_error() == f"gpu_kit: part-02 is missing from {kit} (copy it with its host command)"
-    second.write_bytes(saved[:-1] + b"\0")
+    second.write_bytes(saved[:-1] + bytes([saved[-1] ^ 0xFF]))  # always a changed byte
     assert install_error().startswith("gpu_kit: part-02 is damaged: sha256 ")
     second.write_bytes(first.read_bytes())
     first.write_bytes(saved)
     assert install_error() == "gpu_kit: part-01 holds part-02's bytes: parts out of order"
+    first.write_bytes(second.read_bytes())
+    second.write_bytes(saved)
+    assert install_error().startswith(f"gpu_kit: the parts in {kit} are not a kit's tar stream (")
