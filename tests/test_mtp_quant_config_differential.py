@@ -112,6 +112,9 @@ GPTQ_RULES = {
     "module-excluded-first": {rf"-:{re.escape(MTP)}\.self_attn\.o_proj": {}, f"+:{GPTQ_LAYER}": GPTQ_STORED},
     "layer-excluded": {f"-:{GPTQ_LAYER}": {}},
 }
+# Fields of the MTP group (trunk INT8 W8A8, MTP layer W4A16) set to what no scheme builds (the format)
+# and to what the format cannot read (num_bits as a word).
+BAD_FIELDS = {"format": (("format",), "no-such-format"), "num_bits": (("weights", "num_bits"), "four")}
 
 
 def quantization_config(base: dict, shape: Shape) -> dict:
@@ -276,6 +279,58 @@ def test_gptq_dynamic_rules_refused_exactly_where_they_would_load_wrong(gptq_lay
     reaching = next((key for key in GPTQ_RULES[rules] or {} if re.fullmatch(key[2:], module)), None)
     changes = reaching is not None and GPTQ_RULES[rules][reaching] != GPTQ_TRUNK
     assert changes == ("dynamic[" in entries), entries
+
+
+@pytest.fixture(scope="module")
+def bad_field_drafts(vllm_probe, engineered_checkpoint, tmp_path_factory) -> dict[str, dict]:
+    """ "layouts": field -> the checkpoint under that MTP group field's bad value; per variant, field ->
+    the draft's build and load."""
+    source = engineered_checkpoint("int8_w8a8", "mimo", ignore_style="unlisted", mtp_quant="w4a16")
+    base = json.loads((source / "config.json").read_text())["quantization_config"]
+    configs = {}
+    for name, ((*parents, field), value) in BAD_FIELDS.items():
+        config = copy.deepcopy(base)
+        group = config["config_groups"]["mtp_group"]
+        for parent in parents:
+            group = group[parent]
+        group[field] = value
+        configs[name] = config
+    layouts = write_layouts(tmp_path_factory.mktemp("bad-mtp-group-fields"), source, configs)
+    return {"layouts": layouts, **build_and_load(vllm_probe, layouts)}
+
+
+def start_up_error(drafts: dict, field: str) -> str:
+    """The series' error for the bad field, one before any weight is read; stock's (wherever it stops)
+    names no file."""
+    stock = drafts["unpatched"][field]
+    assert refused(stock) and "config.json" not in stock.get("build", stock.get("load"))["error"], stock
+    series = drafts["patched"][field]
+    assert set(series) == {"build"}, series
+    print(f"\n{field}: {series['build']['error']}")
+    return series["build"]["error"]
+
+
+def test_an_mtp_group_no_scheme_builds_is_one_start_up_error_naming_config_json_and_the_module(
+    bad_field_drafts,
+):
+    """Stock builds the draft under names the MTP group does not reach and stops at load; the series
+    refuses the build naming the MTP module, config.json and the group's entries that bring the module
+    to it, 0009."""
+    error = start_up_error(bad_field_drafts, "format")
+    assert re.search(rf"MTP draft module {re.escape(MTP)}\.\S+ \(\w+\) cannot be built", error), error
+    directory = bad_field_drafts["layouts"]["format"]
+    assert f"quantization_config in {directory}/config.json decides" in error, error
+    assert re.search(rf"by its entr(y|ies) config_groups\.mtp_group\.targets\[\d+\]='{MTP}\.", error)
+
+
+def test_an_mtp_group_field_the_format_cannot_read_is_one_start_up_error_naming_config_json_and_it(
+    bad_field_drafts,
+):
+    """Stock stops on pydantic's bare error; the series names config.json and the entry, 0009."""
+    error = start_up_error(bad_field_drafts, "num_bits")
+    directory = bad_field_drafts["layouts"]["num_bits"]
+    assert f"quantization_config in {directory}/config.json cannot be read by " in error, error
+    assert "config_groups.mtp_group.weights.num_bits='four'" in error, error
 
 
 def refused_by_stock_only(drafts: dict) -> list[str]:
