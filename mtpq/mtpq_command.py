@@ -44,7 +44,12 @@ def build_parser(prog: str = "mtpq") -> argparse.ArgumentParser:
     doctor.add_argument(
         "checkpoint", help="a local checkpoint directory, a Hub repository ORG/NAME[@REVISION], or its URL"
     )
-    doctor.add_argument("--vllm", metavar="VERSION", help="one pinned vLLM release (default: every one)")
+    doctor.add_argument(
+        "--vllm",
+        metavar="VERSION",
+        help="the pinned vLLM release judged first, whose verdict the exit code is "
+        "(default: the one installed here first; the exit code is the worst of every release's)",
+    )
     doctor.add_argument(
         "--platform",
         choices=facts.PLATFORMS,
@@ -141,8 +146,12 @@ def _main(parser: argparse.ArgumentParser, argv: list[str] | None) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
-    versions = [pin_for(args.vllm).version] if args.vllm else list(load_pins())
-    diagnosis = diagnose(args.checkpoint, versions, args.platform)
+    if args.vllm:
+        named = (pin_for(args.vllm).version, report.NAMED_WITH_VLLM)
+    else:
+        here = installed.release_here()
+        named = (here, report.INSTALLED_HERE) if here in load_pins() else None
+    diagnosis = diagnose(args.checkpoint, platform=args.platform, named=named)
     flavour = "patched" if args.with_series else "stock"
     if args.json:
         print(json.dumps(report.as_json(diagnosis, flavour), indent=2))

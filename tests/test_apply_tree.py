@@ -176,16 +176,26 @@ def test_plain_unpacked_tree_is_refused_with_directions(run_apply, scratch_tree,
     assert not (scratch_tree / ".git").exists()
 
 
+@pytest.mark.parametrize(
+    ("tree_version", "why"),
+    [
+        ("0.23.0", "vLLM 0.23.0 has no mtpq series yet"),
+        # A checkout built past (or before) a release tag is a development build, not the release.
+        ("{release}.dev3+g1234abc", "vLLM {release}.dev3 is a pre-release or development build"),
+    ],
+    ids=["no-series-yet", "development-build"],
+)
 def test_unsupported_vllm_version_is_refused_listing_the_supported_ones(
-    run_apply, scratch_tree, snapshot, release_pin
+    run_apply, scratch_tree, snapshot, release_pin, tree_version, why
 ):
     version_file = scratch_tree / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", "'0.23.0'"))
-    git(scratch_tree, "commit", "--quiet", "-am", "pretend 0.23.0")
+    written = tree_version.format(release=release_pin.version)
+    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", f"'{written}'"))
+    git(scratch_tree, "commit", "--quiet", "-am", f"pretend {written}")
     before = snapshot(scratch_tree)
     done = run_apply("--vllm-src", str(scratch_tree))
     assert done.returncode == 2
-    assert "vLLM 0.23.0 has no mtpq series" in done.stderr
+    assert why.format(release=release_pin.version) in done.stderr
     assert f"{release_pin.version} (series {release_pin.series_name})" in done.stderr
     assert "--rebase" in done.stderr and "--export" in done.stderr
     assert snapshot(scratch_tree) == before

@@ -26,7 +26,7 @@ from mtpq.checkpoint.survey import (
 )
 from mtpq.core.pin import load_pins, newest_pin
 from tests.commands import run_mtpq
-from tests.conftest import ROOT
+from tests.conftest import ROOT, target_version
 from tests.header_checkpoints import (
     COMPRESSED_TENSORS,
     DSV3_FP8_CONFIG,
@@ -877,7 +877,38 @@ def test_text_and_json_say_the_same(tmp_path):
     assert f"stock       {stock['kind']}: {stock['why']}" in text
     assert "model.mtp_layers.{i}." in text and report["mtp_tensors"]["layouts"] == ["model.mtp_layers.{i}."]
     assert report["read"]["bytes_read"] < report["read"]["checkpoint_bytes"] / 10
-    assert list(report["releases"]) == [OLDEST] and report["exit_code"] == 1
+    assert report["named"] == {"release": OLDEST, "by": "--vllm"} and report["exit_code"] == 1
+    assert list(report["releases"])[0] == OLDEST and set(report["releases"]) == set(load_pins())
+
+
+def said_of(release: dict, version: str) -> str:
+    """A release's verdicts and fixes in the doctor's JSON, its own number left out."""
+    return json.dumps({key: release[key] for key in ("stock", "patched", "fix")}).replace(version, "X")
+
+
+@pytest.mark.parametrize("named_by", ["--vllm", "installed here"])
+def test_the_named_release_comes_first_and_the_others_are_grouped_where_the_doctor_says_the_same(
+    tmp_path, named_by
+):
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path,
+        quantized(layout, compressed_tensors("int8", [])),
+        {"model.safetensors": layout.tensors("int8")},
+    )
+    named = OLDEST if named_by == "--vllm" else target_version()
+    options = ["--vllm", OLDEST] if named_by == "--vllm" else []
+    text = run_mtpq("doctor", tmp_path, *options).stdout
+    report = json.loads(run_mtpq("doctor", tmp_path, *options, "--json").stdout)
+
+    assert report["named"] == {"release": named, "by": named_by}
+    groups = {}
+    for version, release in report["releases"].items():
+        if version != named:
+            groups.setdefault(said_of(release, version), []).append(version)
+    headings = [line.split(" (")[0] for line in text.splitlines() if line.startswith("vLLM ")]
+    assert headings == [f"vLLM {named}", *(f"vLLM {', '.join(versions)}" for versions in groups.values())]
+    assert f"(cuda; mtpq series {report['releases'][named]['series']}; {named_by})" in text
 
 
 @pytest.mark.parametrize(

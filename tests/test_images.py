@@ -456,7 +456,7 @@ def foreign_patched_file(site: Path, release, patched_files: list[str]) -> None:
 @pytest.mark.parametrize(
     ("damage", "message"),
     [
-        (unpinned_vllm, "vLLM 0.0.1 has no mtpq series"),
+        (unpinned_vllm, "vLLM 0.0.1 is outside the releases mtpq carries"),
         (foreign_patched_file, f"{CONFLICT}: "),
     ],
     ids=["unpinned-vllm", "series-does-not-apply"],
@@ -501,4 +501,4 @@ def test_a_build_that_bypasses_build_sh_is_refused_rather_than_mislabelled(
 
 def test_a_release_with_no_series_is_refused_naming_the_supported_ones(refused_build) -> None:
     command = [str(BUILD_SCRIPT), "--builder", "buildah", "--repo", REFUSED_REPO, "--vllm", "0.0.1", "sm89"]
-    refused_build(command, "vLLM 0.0.1 has no mtpq series. Supported: ")
+    refused_build(command, "vLLM 0.0.1 is outside the releases mtpq carries (0.19.0 to 0.33.0). Supported: ")

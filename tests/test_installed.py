@@ -79,12 +79,25 @@ def test_a_patch_that_does_not_apply_leaves_site_packages_untouched(run_apply, e
     assert fingerprint(environment.site) == before
 
 
-def test_unsupported_installed_version_is_refused(run_apply, environment, release_pin):
+@pytest.mark.parametrize(
+    ("installed_version", "why"),
+    [
+        ("0.23.0", "vLLM 0.23.0 has no mtpq series yet"),
+        # A development build of a pinned release is not that release: its files may differ.
+        ("{release}.dev3+g1234abc", "vLLM {release}.dev3 is a pre-release or development build"),
+        ("0.99.0", "vLLM 0.99.0 is outside the releases mtpq carries"),
+    ],
+    ids=["no-series-yet", "development-build", "outside-the-range"],
+)
+def test_unsupported_installed_version_is_refused(
+    run_apply, environment, release_pin, installed_version, why
+):
     version_file = environment.site / "vllm" / "_version.py"
-    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", "'0.23.0'"))
+    written = installed_version.format(release=release_pin.version)
+    version_file.write_text(version_file.read_text().replace(f"'{release_pin.version}'", f"'{written}'"))
     before = fingerprint(environment.site)
     done = run_apply("--installed", "--python", environment.python)
-    assert done.returncode == 2 and "vLLM 0.23.0 has no mtpq series" in done.stderr
+    assert done.returncode == 2 and why.format(release=release_pin.version) in done.stderr
     assert release_pin.version in done.stderr
     assert fingerprint(environment.site) == before
 

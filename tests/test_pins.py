@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from mtpq.core.pin import PIN_FILE, PinError, load_pins, newest_pin, pin_for
+from mtpq.core.pin import PIN_FILE, PinError, load_pins, load_range, newest_pin, pin_for
 
 SHA = "0" * 64
-GOOD_SECTION = f"[9.9.9]\nseries = v9.9.9\ncommit = gabc\nsdist_sha256 = {SHA}\n"
+RANGE = "[range]\noldest = 9.0.0\nnewest = 9.9.9\n"
+GOOD_SECTION = f"{RANGE}[9.9.9]\nseries = v9.9.9\ncommit = gabc\nsdist_sha256 = {SHA}\n"
 
 
 @pytest.fixture
@@ -32,11 +33,37 @@ def test_the_newest_release_is_the_default():
     assert newest_pin().version == list(load_pins())[-1]
 
 
-def test_an_unsupported_release_is_refused_listing_the_supported_ones_and_the_way_to_add_it():
+def test_every_pinned_release_lies_in_the_range_and_the_range_ends_are_pinned():
+    carried, pins = load_range(), load_pins()
+    assert all(version in carried for version in pins)
+    assert carried.newest in pins
+
+
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("0.25.1", "vLLM 0.25.1 has no mtpq series yet"),
+        ("0.22.1.post1", "vLLM 0.22.1.post1 has no mtpq series yet"),
+        ("0.34.0", "vLLM 0.34.0 is outside the releases mtpq carries (RANGE)"),
+        ("0.18.0", "vLLM 0.18.0 is outside the releases mtpq carries (RANGE)"),
+        ("0.33.0rc1", "vLLM 0.33.0rc1 is a pre-release or development build: mtpq carries releases RANGE"),
+        ("0.33.0.dev7", "vLLM 0.33.0.dev7 is a pre-release or development build"),
+        ("0.34.0b2.dev1", "vLLM 0.34.0b2.dev1 is a pre-release or development build"),
+        ("v0.33.0", "'v0.33.0' is not a vLLM release number like NEWEST"),
+        ("latest", "'latest' is not a vLLM release number"),
+    ],
+)
+def test_a_release_without_a_series_is_refused_saying_why_listing_the_supported_ones_and_the_way_to_add_it(
+    version, why
+):
+    carried = load_range()
     with pytest.raises(PinError) as raised:
-        pin_for("0.25.1")
+        pin_for(version)
     message = str(raised.value)
-    assert "vLLM 0.25.1 has no mtpq series" in message
+    assert (
+        why.replace("RANGE", f"{carried.oldest} to {carried.newest}").replace("NEWEST", carried.newest)
+        in message
+    )
     assert all(f"{version} (series " in message for version in load_pins())
     assert "--rebase" in message and "--export" in message and PIN_FILE.name in message
 
@@ -57,10 +84,26 @@ def test_an_artifact_a_release_does_not_pin_is_a_clear_error(pin_file):
         (GOOD_SECTION + "wheel_x86_64_sha256 = 1234\n", "wheel_x86_64_sha256 is not a lower-case sha256"),
         (GOOD_SECTION + "wheel_riscv_sha256 = x\n", "unknown key.*wheel_riscv_sha256"),
         (GOOD_SECTION.replace("[9.9.9]", "[latest]"), r"\[latest\] is not a release number"),
-        ("# nothing pinned\n", "no release is pinned"),
+        (RANGE, "no release is pinned"),
         ("sdist_sha256 = x\n", "unreadable"),
+        (GOOD_SECTION.replace(RANGE, ""), r"no \[range\] section"),
+        (GOOD_SECTION.replace("oldest = 9.0.0", "oldest = 9.0"), r"\[range\] must hold exactly oldest"),
+        (GOOD_SECTION.replace("oldest = 9.0.0", "oldest = 10.0.0"), "oldest 10.0.0 is newer than newest"),
+        (GOOD_SECTION.replace("newest = 9.9.9", "newest = 9.9.8"), r"\[9.9.9\] is outside \[range\]"),
     ],
-    ids=["no-sdist", "no-series", "bad-sha", "unknown-key", "bad-section", "empty", "no-section"],
+    ids=[
+        "no-sdist",
+        "no-series",
+        "bad-sha",
+        "unknown-key",
+        "bad-section",
+        "empty",
+        "no-section",
+        "no-range",
+        "bad-range",
+        "reversed-range",
+        "outside-range",
+    ],
 )
 def test_a_malformed_pin_file_names_what_is_wrong(pin_file, text, message):
     with pytest.raises(PinError, match=message):

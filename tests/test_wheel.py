@@ -108,9 +108,22 @@ def test_unknown_arch_is_refused_and_nothing_written(run_apply, tmp_path):
     assert not (tmp_path / "dist").exists()
 
 
-def test_unsupported_release_is_refused_listing_the_supported_ones(run_apply, newest_pin, tmp_path):
-    done = run_apply("--wheel", "--arch", ARCH, "--vllm", "0.25.1", "--out", str(tmp_path / "dist"))
-    assert done.returncode == 2 and "vLLM 0.25.1 has no mtpq series" in done.stderr
+@pytest.mark.parametrize(
+    ("version", "why"),
+    [
+        ("0.25.1", "vLLM 0.25.1 has no mtpq series yet"),
+        (
+            "0.34.0rc1",
+            "vLLM 0.34.0rc1 is a pre-release or development build: mtpq carries releases 0.19.0 to",
+        ),
+        ("1.0.0", "vLLM 1.0.0 is outside the releases mtpq carries (0.19.0 to"),
+    ],
+)
+def test_unsupported_release_is_refused_listing_the_supported_ones(
+    run_apply, newest_pin, tmp_path, version, why
+):
+    done = run_apply("--wheel", "--arch", ARCH, "--vllm", version, "--out", str(tmp_path / "dist"))
+    assert done.returncode == 2 and why in done.stderr
     assert newest_pin.version in done.stderr and "--rebase" in done.stderr
     assert not (tmp_path / "dist").exists()
 

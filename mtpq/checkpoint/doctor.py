@@ -68,6 +68,9 @@ class Diagnosis:
     verdicts: dict[str, dict[str, Verdict]] = field(default_factory=dict)  # release -> stock/patched
     fixes: dict[str, list[str]] = field(default_factory=dict)
     series: dict[str, str] = field(default_factory=dict)  # release -> the series serving it
+    # The release the user named (--vllm) or runs (installed here), judged first; how it was named.
+    named: str | None = None
+    named_by: str | None = None
     seconds: float = 0.0
 
     @cached_property
@@ -140,9 +143,13 @@ class Diagnosis:
 
 
 def diagnose(
-    location: str | Path | CheckpointFiles, versions: list[str] | None = None, platform: str = "cuda"
+    location: str | Path | CheckpointFiles,
+    versions: list[str] | None = None,
+    platform: str = "cuda",
+    named: tuple[str, str] | None = None,
 ) -> Diagnosis:
-    """Judge a local checkpoint directory, a Hub repository id or URL, or opened CheckpointFiles."""
+    """Judge a local checkpoint directory, a Hub repository id or URL, or opened CheckpointFiles, for
+    the given releases (default: every pinned one); named, (release, how it was named), comes first."""
     started = time.perf_counter()
     survey = load_survey()
     checkpoint = read_checkpoint(location)
@@ -168,7 +175,11 @@ def diagnose(
         found = None
     diagnosis = Diagnosis(checkpoint, architecture, declaration, found, missing, platform)
     pins = load_pins()
-    for version in versions or list(pins):
+    versions = versions or list(pins)
+    if named:
+        diagnosis.named, diagnosis.named_by = named
+        versions = [diagnosis.named, *(version for version in versions if version != diagnosis.named)]
+    for version in versions:
         release = diagnosis.releases[version] = facts.Release.of(version, architecture, platform)
         diagnosis.verdicts[version] = {
             "stock": stock_verdict(diagnosis, release),

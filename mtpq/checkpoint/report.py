@@ -7,10 +7,15 @@ from mtpq.checkpoint.doctor import CRASH, OFF, UNKNOWN, ZERO, Diagnosis, scheme_
 EXIT_WORKS = 0
 EXIT_BROKEN = 1  # a crash, silent 0 % acceptance or MTP silently off
 EXIT_UNKNOWN = 3  # nothing broken that the doctor knows of, but something it cannot tell
+NAMED_WITH_VLLM = "--vllm"
+_RELEASE = "\0"  # a release's number in what the report says of it, while grouping releases
+INSTALLED_HERE = "installed here"
 
 
 def exit_code(diagnosis: Diagnosis, flavour: str) -> int:
-    kinds = {verdicts[flavour].kind for verdicts in diagnosis.verdicts.values()}
+    """The verdict on the release named with --vllm, else the worst verdict on any release."""
+    judged = [diagnosis.named] if diagnosis.named_by == NAMED_WITH_VLLM else list(diagnosis.verdicts)
+    kinds = {diagnosis.verdicts[version][flavour].kind for version in judged}
     if kinds & {CRASH, ZERO, OFF}:
         return EXIT_BROKEN
     return EXIT_UNKNOWN if UNKNOWN in kinds else EXIT_WORKS
@@ -54,6 +59,7 @@ def as_json(diagnosis: Diagnosis, flavour: str) -> dict:
             "ignore": ignore,
         },
         "platform": diagnosis.platform,
+        "named": diagnosis.named and {"release": diagnosis.named, "by": diagnosis.named_by},
         "releases": {
             version: {
                 "series": diagnosis.series[version],
@@ -90,20 +96,34 @@ def as_text(diagnosis: Diagnosis) -> str:
     ]
     for fmt, names in _by_format(diagnosis.modules()).items():
         lines.append(f"  {fmt}: {len(names)} MTP module(s): {_first(names)}")
-    for version, verdicts in diagnosis.verdicts.items():
-        lines.append(f"vLLM {version} ({diagnosis.platform}; mtpq series {diagnosis.series[version]})")
-        for flavour, label in (("stock", "stock"), ("patched", "+ mtpq")):
-            verdict = verdicts[flavour]
-            error = f" [error: {verdict.error}]" if verdict.error else ""
-            lines.append(f"  {label:<11} {verdict.kind}: {verdict.why}{error}")
-        for fix in diagnosis.fixes[version]:
-            lines.append(f"  {'fix':<11} {fix}")
+    for versions, said in _release_groups(diagnosis):
+        series = ", ".join(dict.fromkeys(diagnosis.series[version] for version in versions))
+        named = f"; {diagnosis.named_by}" if versions == [diagnosis.named] else ""
+        lines.append(f"vLLM {', '.join(versions)} ({diagnosis.platform}; mtpq series {series}{named})")
+        lines.extend(line.replace(_RELEASE, ", ".join(versions)) for line in said)
     lines.append(
         f"read          config files and safetensors headers only: {_size(checkpoint.bytes_read)} of "
         f"{_size(checkpoint.checkpoint_bytes)} ({len(checkpoint.header_files)} file(s)) "
         f"in {diagnosis.seconds:.2f} s"
     )
     return "\n".join(lines)
+
+
+def _release_groups(diagnosis: Diagnosis) -> list[tuple[list[str], list[str]]]:
+    """(releases, what the report says of them, their number written _RELEASE): the named release alone
+    first, then the others in the order diagnosed, those of which it says the same together."""
+    groups: dict[tuple[str, ...], tuple[list[str], list[str]]] = {}
+    for version, verdicts in diagnosis.verdicts.items():
+        said = [
+            f"  {label:<11} {verdict.kind}: {verdict.why}"
+            + (f" [error: {verdict.error}]" if verdict.error else "")
+            for label, verdict in (("stock", verdicts["stock"]), ("+ mtpq", verdicts["patched"]))
+        ]
+        said = [line.replace(version, _RELEASE) for line in said]
+        said += [f"  {'fix':<11} {fix}".replace(version, _RELEASE) for fix in diagnosis.fixes[version]]
+        key = (_RELEASE,) if version == diagnosis.named else tuple(said)
+        groups.setdefault(key, ([], said))[0].append(version)
+    return list(groups.values())
 
 
 def _count(declaration) -> str:

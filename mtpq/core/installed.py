@@ -19,6 +19,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -87,6 +88,14 @@ def installed_version(installation: Installation) -> str:
     if found is None:
         raise TreeError(f"{installation.package_dir}/_version.py is missing: cannot tell the vLLM version")
     return found
+
+
+def release_here() -> str | None:
+    """The version of the vLLM this Python has installed; None where it has none."""
+    try:
+        return installed_version(find_installation(sys.executable))
+    except TreeError:
+        return None
 
 
 def package_files(changes: Series | Patch) -> list[str]:

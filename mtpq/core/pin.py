@@ -26,8 +26,17 @@ ARTIFACTS = {
 }
 # Optional: what the sm121 image (linux/arm64) installs besides the mtpq aarch64 wheel.
 SM121_KEYS = ("sm121_torch", "sm121_cuda")
+# The section that bounds the releases mtpq carries, older or newer ones being out of its scope.
+RANGE_SECTION = "range"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
+# A PEP 440 version without its local label: the release number, then what makes it a pre-release,
+# post-release or development build.
+_PEP440 = re.compile(
+    r"(?P<release>\d+\.\d+\.\d+)(?P<pre>(?:[._-]?(?:a|b|c|rc|alpha|beta|pre|preview)\d*)?)"
+    r"(?:[._-]?post\d*)?(?P<dev>(?:[._-]?dev\d*)?)",
+    re.IGNORECASE,
+)
 
 
 class PinError(MtpqError, ValueError):
@@ -80,18 +89,56 @@ class Pin:
         return self.artifact(f"wheel-{arch}")
 
 
-def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
-    """Every pinned release, oldest first; a malformed file is an error naming the section and key."""
+@dataclass(frozen=True)
+class ReleaseRange:
+    """The oldest and newest vLLM release mtpq carries a series for (VLLM_VERSIONS [range])."""
+
+    oldest: str
+    newest: str
+
+    def __contains__(self, version: str) -> bool:
+        return version_key(self.oldest) <= version_key(version) <= version_key(self.newest)
+
+    def __str__(self) -> str:
+        return f"{self.oldest} to {self.newest}"
+
+
+def _parsed(path: Path) -> configparser.ConfigParser:
     parser = configparser.ConfigParser(interpolation=None, default_section="no default section")
     try:
         parser.read_string(path.read_text(), source=str(path))
     except (OSError, configparser.Error) as error:
         raise PinError(f"{path}: unreadable ({error})") from None
+    return parser
+
+
+def load_range(path: Path = PIN_FILE) -> ReleaseRange:
+    """The [range] of VLLM_VERSIONS: two release numbers, the oldest first."""
+    parser = _parsed(path)
+    if not parser.has_section(RANGE_SECTION):
+        raise PinError(f"{path}: no [{RANGE_SECTION}] section (oldest = X.Y.Z, newest = X.Y.Z)")
+    values = dict(parser[RANGE_SECTION])
+    ends = [values.get(key, "") for key in ("oldest", "newest")]
+    if set(values) != {"oldest", "newest"} or not all(_VERSION.fullmatch(end) for end in ends):
+        raise PinError(f"{path}: [{RANGE_SECTION}] must hold exactly oldest = X.Y.Z and newest = X.Y.Z")
+    if version_key(ends[0]) > version_key(ends[1]):
+        raise PinError(f"{path}: [{RANGE_SECTION}] oldest {ends[0]} is newer than newest {ends[1]}")
+    return ReleaseRange(*ends)
+
+
+def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
+    """Every pinned release, oldest first; a malformed file is an error naming the section and key."""
+    parser = _parsed(path)
+    carried = load_range(path)
     pins = {}
     for version in parser.sections():
+        if version == RANGE_SECTION:
+            continue
         values = parser[version]
         if not _VERSION.fullmatch(version):
             raise PinError(f"{path}: section [{version}] is not a release number like 0.33.0")
+        if version not in carried:
+            raise PinError(f"{path}: [{version}] is outside [{RANGE_SECTION}] ({carried})")
         missing = [key for key in REQUIRED_KEYS if not values.get(key)]
         if missing:
             raise PinError(f"{path}: [{version}] lacks {', '.join(missing)}")
@@ -124,11 +171,23 @@ def version_key(version: str) -> tuple[int, ...]:
 
 
 def pin_for(version: str, pins: dict[str, Pin] | None = None) -> Pin:
-    """The pin of one release; any other is an error listing the supported ones and the way to add it."""
+    """The pin of one release. Any other version is an error saying why (not a release number, a
+    pre-release, outside the range mtpq carries, or no series yet), listing the supported releases and
+    the way to carry a series."""
     pins = pins if pins is not None else load_pins()
     if version in pins:
         return pins[version]
-    raise PinError(f"vLLM {version} has no mtpq series. {supported_releases(pins)} {_CARRY_HINT}")
+    carried = load_range()
+    found = _PEP440.fullmatch(version)
+    if found is None:
+        why = f"{version!r} is not a vLLM release number like {carried.newest}"
+    elif found["pre"] or found["dev"]:
+        why = f"vLLM {version} is a pre-release or development build: mtpq carries releases {carried}"
+    elif found["release"] not in carried:
+        why = f"vLLM {version} is outside the releases mtpq carries ({carried})"
+    else:
+        why = f"vLLM {version} has no mtpq series yet"
+    raise PinError(f"{why}. {supported_releases(pins)} {_CARRY_HINT}")
 
 
 def newest_pin(pins: dict[str, Pin] | None = None) -> Pin:
@@ -149,15 +208,16 @@ def supported_releases(pins: dict[str, Pin]) -> str:
 
 _CARRY_HINT = (
     "To carry a series to another release: apply.py --vllm-src TREE --rebase [--patches patches/vX.Y.Z], "
-    "resolve, then apply.py --vllm-src TREE --export --patches DIR, and add a section to VLLM_VERSIONS "
-    "(README: 'Carrying the series to a newer vLLM')."
+    "resolve, then apply.py --vllm-src TREE --export --patches DIR, and add a section to VLLM_VERSIONS, "
+    "widening its [range] for a release outside it (README: 'Carrying the series to a newer vLLM')."
 )
 
 
 def release_in(package_dir: Path) -> str | None:
-    """The release (e.g. 0.22.1) that a vllm package's generated _version.py records."""
+    """The version (e.g. 0.22.1, or 0.34.0.dev5 for a development build) that a vllm package's
+    generated _version.py records, less its local label (+cpu, +g1234abc)."""
     version_file = package_dir / "_version.py"
     if not version_file.is_file():
         return None
     found = re.search(r"__version__\s*=\s*(?:version\s*=\s*)?['\"]([^'\"]+)['\"]", version_file.read_text())
-    return re.split(r"\+|\.dev", found.group(1))[0] if found else None
+    return found.group(1).split("+")[0] if found else None
