@@ -20,7 +20,7 @@ from mtpq.core import installed
 from mtpq.core.errors import MtpqError
 from mtpq.core.pin import load_pins, newest_pin, pin_for
 from mtpq.core.series import load_series
-from mtpq.upstream import drafters, lint, native_tests, pull_requests, vllm_suite
+from mtpq.upstream import drafters, lint, native_tests, pull_requests, release_matrix, vllm_suite
 
 EXIT_BAD_INPUT = 2
 
@@ -170,7 +170,7 @@ def _graft(args: argparse.Namespace) -> int:
 
 
 def _add_upstream(commands: argparse._SubParsersAction) -> None:
-    """`python -m mtpq upstream check|prs|prove|suite|lint`: the series as upstream pull requests."""
+    """`python -m mtpq upstream check|prs|prove|suite|releases|lint`: the series as upstream pull requests."""
     parser = commands.add_parser(
         "upstream",
         help="check the series is ready for upstream, write its pull requests, prove and lint its tests",
@@ -214,6 +214,18 @@ def _add_upstream(commands: argparse._SubParsersAction) -> None:
         default=vllm_suite.JOBS,
         help=f"pytest processes at once (default {vllm_suite.JOBS})",
     )
+    releases = actions.add_parser(
+        "releases",
+        help="the release matrix: print it, or prove the series of an installed vLLM's release (--python)",
+        description=release_matrix.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    releases.add_argument(
+        "--python", help="interpreter with the vLLM (a CPU test bed) to prove the series on"
+    )
+    releases.add_argument(
+        "--write", action="store_true", help=f"record the release ({release_matrix.RECORD.name})"
+    )
     lint = actions.add_parser(
         "lint", parents=[release], help="upstream's ruff, typos and pre-commit hooks on the touched files"
     )
@@ -230,6 +242,8 @@ def _upstream(args: argparse.Namespace) -> int:
         for proof in proofs:
             print(native_tests.describe(proof))
         return 0 if all(proof.ok for proof in proofs) else 1
+    if args.action == "releases":
+        return _releases(args)
     if args.action == "suite":
         if args.record:
             installation = installed.find_installation(args.python)
@@ -259,6 +273,26 @@ def _upstream(args: argparse.Namespace) -> int:
         if not result.ok and result.output:
             print("     " + result.output.replace("\n", "\n     "))
     return 0 if all(result.ok for result in results) else 1
+
+
+def _releases(args: argparse.Namespace) -> int:
+    """Prove (and --write) the release of --python's vLLM; without --python print the matrix and what is
+    stale in it."""
+    pins = load_pins()
+    if args.python:
+        installation = installed.find_installation(args.python)
+        pin = pin_for(installed.installed_version(installation))
+        entry = release_matrix.prove_release(installation, pin)
+        print(json.dumps({pin.version: entry}, indent=1))
+        if args.write:
+            release_matrix.save_entry(pin.version, entry)
+        return 0
+    record = release_matrix.load_record()
+    print(release_matrix.render(pins, record), end="")
+    stale = release_matrix.stale(pins, record)
+    for problem in stale:
+        print(f"stale: {problem}")
+    return 1 if stale else 0
 
 
 def _suite(python: str, jobs: int = vllm_suite.JOBS) -> int:

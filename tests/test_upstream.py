@@ -1,5 +1,6 @@
-"""The newest series as upstream pull requests: readiness, PR directories, each patch's vLLM-native
-tests proven on the CPU engine (fail without the patch, pass with it), and upstream's linters.
+"""The newest series as upstream pull requests: readiness, PR directories, the proof of each patch's
+vLLM-native tests on the CPU engine (a test that passes without its patch is flagged; the proofs
+themselves are the release matrix's, tests/test_release_matrix.py), and upstream's linters.
 
 Runs in the newest target's session only: the series that serves it carries the newest series'
 patches (less those for models its release lacks), and the other checks do not depend on the target.
@@ -131,17 +132,6 @@ def test_pull_request_directories_hold_the_patch_title_and_body(upstream_series,
     assert stack[0].subject in (directories[-1] / "body.md").read_text()
     again = run_mtpq("upstream", "prs", str(out))
     assert again.returncode == 2 and "exists" in again.stderr
-
-
-def test_each_patch_s_vllm_native_tests_fail_without_it_and_pass_with_it(engine_series, upstream_series):
-    proofs = native_tests.prove(*engine_series)
-    print("\n".join(native_tests.describe(proof) for proof in proofs))
-    proven = {proof.patch for proof in proofs if proof.ok}
-    # The engine's series carries every pull request of the newest series under its name (its own
-    # copy where its release differs), beside patches not proposed upstream.
-    proposed = {patch.name for patch in pull_requests.proposed(upstream_series)}
-    assert proposed == {patch.name for patch in pull_requests.proposed(engine_series[2])}
-    assert proposed <= proven, [native_tests.describe(proof) for proof in proofs if not proof.ok]
 
 
 def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_copy):

@@ -71,6 +71,12 @@ class Proof:
     def ok(self) -> bool:
         return not self.problems
 
+    @property
+    def failing_without(self) -> int:
+        """How many of its tests do not pass without the patch (those of a file that does not even
+        import then included)."""
+        return len(self.with_patch) - sum(outcome == PASSED for outcome in self.without.values())
+
 
 def prove(
     installation: installed.Installation,
@@ -133,7 +139,7 @@ def _failure(test: str, outcome: str, where: str, run: Run) -> str:
 def describe(proof: Proof) -> str:
     """One line per patch: how many of its tests fail without it and pass with it."""
     total = len(proof.with_patch)
-    fails_without = total - sum(outcome == PASSED for outcome in proof.without.values())
+    fails_without = proof.failing_without
     passes = sum(outcome == PASSED for outcome in proof.with_patch.values())
     whole = sum(outcome == PASSED for outcome in proof.whole_series.values())
     line = (
