@@ -149,14 +149,20 @@ def series_id() -> str:
     return _run([sys.executable, ROOT / "apply.py", "--series-id", "--vllm", VERSION]).stdout.split()[-1]
 
 
-def resolved_requirements(official: Path) -> list[dict]:
+def resolved_requirements(official: Path, constrained: bool = True) -> list[dict]:
     """pip's resolution of the official wheel's requirements for CPython 3.12 on this platform: each
-    dist's name, version, file and sha256 (the pool the kit's wheels come from). Cached."""
-    report = kit_cache() / f"resolution-{sha256_of(official)[:12]}.json"
+    dist's name, version, file and sha256 (the pool the kit's wheels come from). Constrained to LOCK's
+    versions, so that a newer release of a locked dependency on PyPI leaves the kit as it is, unless
+    the set is being found again. Cached."""
+    locked = json.loads(LOCK.read_text()) if constrained and LOCK.exists() else []
+    constraints = "".join(f"{item['name']}=={item['version']}\n" for item in locked)
+    key = hashlib.sha256(f"{sha256_of(official)}\0{constraints}".encode()).hexdigest()[:12]
+    report = kit_cache() / f"resolution-{key}.json"
     if not report.exists():
         with scratch_dir("gpukit-resolve") as scratch:
             venv = scratch / "venv"
             _run([host_python(), "-m", "venv", venv])
+            (scratch / "constraints.txt").write_text(constraints)
             _run(
                 [
                     venv / "bin" / "pip",
@@ -166,6 +172,8 @@ def resolved_requirements(official: Path) -> list[dict]:
                     "--ignore-installed",
                     "--report",
                     scratch / "report.json",
+                    "--constraint",
+                    scratch / "constraints.txt",
                     official,
                 ],
                 env=pip_environment(),
@@ -492,7 +500,7 @@ def build(kit: Path = KIT, relock: bool = False) -> dict:
         tree = scratch / "vllm"
         unpack_trimmed(patched, tree)
         vllm_xz = compressed_tree(tree, patched)
-        pool = [item for item in resolved_requirements(official) if not on_host(item["name"])]
+        pool = [item for item in resolved_requirements(official, not relock) if not on_host(item["name"])]
         python = mirror_python()
         stock = scratch / "stock"
         write_stock(official, patched, stock)
