@@ -32,16 +32,17 @@ from tests.e2e_cases import (
     baseline,
     engine_plan,
     engine_specs,
+    of_architectures,
 )
 from tests.header_checkpoints import DSV3_LAYERS, write_deepseek_v3_shaped
 from tests.probing import run_probe
-from tests.run import ensure_unpatched_vllm, targets
+from tests.run import beds, ensure_unpatched_vllm
 
 
 def probe(variant: str, batch: dict) -> dict[str, dict]:
     """Run a batch of engine runs under the patched (this interpreter's) or unpatched vLLM."""
     installation = find_installation(sys.executable)
-    pin = next(pin for pin in targets() if pin.version == installed_version(installation))
+    pin = next(pin for pin in beds() if pin.version == installed_version(installation))
     unpatched = ensure_unpatched_vllm(pin)
     return run_probe("engine_acceptance", variant, unpatched, installation.package_dir, json.dumps(batch))[
         "runs"
@@ -60,11 +61,6 @@ def describe(report: dict) -> str:
     if "error" in report:
         return f"error: {report['error'][:90]}"
     return f"{report['acceptance']:.3f} ({report['accepted_tokens']}/{report['draft_tokens']})"
-
-
-def of_architectures(cases, archs: list[str] | None) -> list:
-    """The cases (or runs) of the architectures asked for; every one without --arch."""
-    return [case for case in cases if not archs or getattr(case, "case", case).arch in archs]
 
 
 def acceptance_table(checkpoint_of, target: str, newest_target: bool, archs: list[str] | None) -> None:
@@ -159,7 +155,7 @@ def main() -> None:
         if not args.skip_engines:
             version = installed_version(find_installation(sys.executable))
             checkpoint_of = checkpoint_source(Path(scratch), stock_vllm=version)
-            newest_target = version == targets()[-1].version
+            newest_target = version == beds()[-1].version
             acceptance_table(checkpoint_of, version, newest_target, args.arch)
             throughput_table(checkpoint_of, version, args.max_tokens, args.arch)
             if args.startup_runs > 0:

@@ -103,10 +103,33 @@ collect_ignore = [
 ]
 
 
-def pytest_collection_modifyitems(items):
+# The architectures whose end-to-end runs the session's tests ask for (None: every one).
+ENGINE_RUN_ARCHITECTURES = pytest.StashKey()
+
+
+def pytest_collection_modifyitems(config, items):
     for item in items:
         if item.path.name in ENGINE_MODULES or ENGINE_FIXTURES.intersection(item.fixturenames):
             item.add_marker(pytest.mark.engine)
+    config.stash[ENGINE_RUN_ARCHITECTURES] = requested_architectures(items)
+
+
+def requested_architectures(items) -> frozenset[str] | None:
+    """The architectures of the cases the collected end-to-end tests are parametrized with, so that a
+    selection (`-k mimo`, node ids) runs only their engine runs; None where one of those tests names no
+    case (it may ask for any run)."""
+    from tests.e2e_cases import architecture_of
+
+    requested = set()
+    for item in items:
+        if "engine_run" not in item.fixturenames:
+            continue
+        params = item.callspec.params.values() if hasattr(item, "callspec") else ()
+        named = {architecture_of(value) for value in params} - {None}
+        if not named:
+            return None
+        requested |= named
+    return frozenset(requested)
 
 
 def served_pins() -> list:
@@ -337,13 +360,14 @@ def engineered_checkpoint(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def engine_run(vllm_probe, engineered_checkpoint):
+def engine_run(request, vllm_probe, engineered_checkpoint):
     """`engine_run(EngineRun)`: that run's report (e2e_cases.py). The first request for a run makes
     every planned run of its kind (variant and tensor-parallel size) in one probe process; a run without
     MTP, in no plan, runs alone."""
-    from tests.e2e_cases import engine_plan, engine_specs
+    from tests.e2e_cases import engine_plan, engine_specs, of_architectures
 
-    plan = engine_plan(target_version(), newest_target=is_newest_target())
+    architectures = request.config.stash[ENGINE_RUN_ARCHITECTURES]
+    plan = of_architectures(engine_plan(target_version(), newest_target=is_newest_target()), architectures)
     reports: dict[str, dict] = {}
 
     def checkpoint_of(case):

