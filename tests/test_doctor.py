@@ -101,8 +101,8 @@ def test_a_release_without_the_family_s_mtp_drafter_is_judged_a_crash_naming_it(
     for flavour in ("stock", "patched"):
         judged = verdict(found, flavour, OLDEST)
         assert judged.kind == doctor.CRASH
-        assert judged.why == "vLLM 0.22.1 has no Intern-S2-Mobius MTP drafter (vLLM 0.31.0 has)"
-    assert found.fixes[OLDEST] == ["serve it with vLLM 0.31.0 or newer"]
+        assert judged.why == "vLLM 0.22.1 has no Intern-S2-Mobius MTP drafter (vLLM 0.29.0 has)"
+    assert found.fixes[OLDEST] == ["serve it with vLLM 0.29.0 or newer"]
     assert verdict(found, "patched", NEWEST).kind == doctor.WORKS
 
 

@@ -136,19 +136,35 @@ def test_pull_request_directories_hold_the_patch_title_and_body(upstream_series,
     assert again.returncode == 2 and "exists" in again.stderr
 
 
+def _with_a_file_added(series, series_copy, patch, path, *lines):
+    """A copy of `series` whose `patch` also adds the file `path`, of `lines`."""
+    directory = series_copy(series)
+    add_new_file(directory.parent / patch.path.parent.name / patch.name, path, *lines)
+    return load_series(directory)
+
+
+def test_the_tests_tree_holds_what_a_patch_changes_of_the_suite(pin, series, series_copy):
+    """Not only test files: a patch may mend the suite itself (a conftest fixture)."""
+    without_tests = next(patch for patch in series.patches if not pull_requests.test_files(patch))
+    helper = "tests/mtpq_suite_helper.py"
+    copied = _with_a_file_added(series, series_copy, without_tests, helper, "HELPER = 1")
+
+    tree = native_tests.tests_tree(pin, copied)
+
+    assert (tree / helper).read_text() == "HELPER = 1\n"
+
+
 def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_copy):
     installation, pin, series = engine_series
-    directory = series_copy(series)
-    last = series.patches[-1]
-    cannot_fail = "tests/test_mtpq_cannot_fail.py"
-    add_new_file(
-        directory.parent / last.path.parent.name / last.name,
-        cannot_fail,
+    copied = _with_a_file_added(
+        series,
+        series_copy,
+        series.patches[-1],
+        "tests/test_mtpq_cannot_fail.py",
         "def test_nothing():",
         "    assert True",
     )
-    copied = load_series(directory)
-    (proof,) = native_tests.prove(installation, pin, copied, only={last.name})
+    (proof,) = native_tests.prove(installation, pin, copied, only={series.patches[-1].name})
     expected = "tests/test_mtpq_cannot_fail.py::test_nothing passes without the patch: it cannot fail"
     assert expected in proof.problems
     assert not proof.ok
@@ -158,11 +174,11 @@ def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
     engine_series, series_copy, monkeypatch
 ):
     installation, pin, series = engine_series
-    directory = series_copy(series)
-    last = series.patches[-1]
     bounds = "tests/test_mtpq_bounds.py"
-    add_new_file(
-        directory.parent / last.path.parent.name / last.name,
+    copied = _with_a_file_added(
+        series,
+        series_copy,
+        series.patches[-1],
         bounds,
         "import time",
         "import urllib.request",
@@ -172,7 +188,7 @@ def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
         "    time.sleep(600)",
     )
     monkeypatch.setenv("MTPQ_TEST_TIME_LIMIT", "10")
-    tree = native_tests.tests_tree(pin, load_series(directory))
+    tree = native_tests.tests_tree(pin, copied)
     stock = native_tests.overlays(installation, series)[0]
     started = time.monotonic()
 

