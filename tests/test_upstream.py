@@ -170,7 +170,7 @@ def test_a_test_that_passes_without_its_patch_is_flagged(engine_series, series_c
     assert not proof.ok
 
 
-def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
+def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once_and_the_hub_stays_offline(
     engine_series, series_copy, monkeypatch
 ):
     installation, pin, series = engine_series
@@ -186,6 +186,12 @@ def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
         '    urllib.request.urlopen("https://huggingface.co/api/models", timeout=300)',
         "def test_forever():",
         "    time.sleep(600)",
+        "def test_turning_the_hub_on():",
+        "    import huggingface_hub.constants",
+        "    huggingface_hub.constants.HF_HUB_OFFLINE = False",
+        "def test_the_hub_is_off_again():",
+        "    import huggingface_hub.constants",
+        "    assert huggingface_hub.constants.HF_HUB_OFFLINE",
     )
     monkeypatch.setenv("MTPQ_TEST_TIME_LIMIT", "10")
     tree = native_tests.tests_tree(pin, copied)
@@ -200,6 +206,7 @@ def test_a_vllm_test_reaching_a_network_or_running_past_the_limit_fails_at_once(
         "connection to huggingface.co)>",
         f"{bounds}::test_forever": "vllm_bounds.TimeLimitExceeded: the test ran past the time limit of 10 s",
     }
+    assert run.outcomes[f"{bounds}::test_the_hub_is_off_again"] == "passed"
 
 
 # Wiring new tests into Buildkite is left to the PR branch: the CPU job's command list differs

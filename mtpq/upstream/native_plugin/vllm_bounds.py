@@ -4,7 +4,10 @@ A test that would reach a host other than this machine (loopback, the unspecifie
 name and addresses) fails at once: a name lookup or a connection raises, however the test retries. A
 test needing the Hub thus fails on stock as with the series and is left out of what a run compares. A
 test still running after $MTPQ_TEST_TIME_LIMIT seconds (default 300: twice the slowest of vLLM's own
-tests measured on the CPU engine here) fails, naming the limit, and the run goes on.
+tests measured on the CPU engine here) fails, naming the limit, and the run goes on. Each test starts
+with the Hub's offline switch as the run set it: some of vLLM's tests turn it off and leave it so
+(huggingface_hub.constants.HF_HUB_OFFLINE = False), after which every Hub request of a later test
+retries with back-off until that test's time limit (vLLM 0.30.0's suite lost 20 minutes so).
 """
 
 import ipaddress
@@ -72,6 +75,18 @@ def _guarded_getaddrinfo(host, *args, **kwargs):
     return _getaddrinfo(host, *args, **kwargs)
 
 
+def _hub_constants():
+    try:
+        from huggingface_hub import constants
+    except ImportError:
+        return None
+    return constants
+
+
+_HUB = _hub_constants()
+_HUB_OFFLINE = _HUB and _HUB.HF_HUB_OFFLINE
+
+
 def pytest_configure(config):
     socket.socket.connect = _guarded_connect
     socket.socket.connect_ex = _guarded_connect_ex
@@ -84,6 +99,8 @@ def _exceeded(signum, frame):
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
+    if _HUB is not None:
+        _HUB.HF_HUB_OFFLINE = _HUB_OFFLINE
     previous = signal.signal(signal.SIGALRM, _exceeded)
     signal.setitimer(signal.ITIMER_REAL, TIME_LIMIT)
     try:
